@@ -1,0 +1,30 @@
+"""Exceptions the cache store raises; every message says what to do next."""
+from __future__ import annotations
+
+
+class CacheError(RuntimeError):
+    """Base class for cache-store errors shown to users."""
+
+
+class CacheNameError(CacheError, ValueError):
+    """A cache name that is empty, too long or would leave the cache root."""
+
+
+class FormatVersionError(CacheError):
+    """The cache folder was written by an on-disk format this code cannot read."""
+
+
+class EmbedderMismatchError(CacheError):
+    """Vectors from one embedder offered to a cache built with another."""
+
+
+class EntryTooLargeError(CacheError):
+    """An entry larger than the whole byte budget."""
+
+
+class CacheWriteError(CacheError):
+    """Writing an entry failed (disk full, permissions); the cache is unchanged."""
+
+
+class CacheEntryError(CacheError):
+    """An entry's latent file is missing, truncated or fails its checksum."""

@@ -1,0 +1,220 @@
+"""The SQLite manifest: the store's source of truth (entries, entities, postings, index change log)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .errors import FormatVersionError
+from .types import EntryInfo
+
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    prompt TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    shape TEXT NOT NULL,
+    dtype TEXT NOT NULL,
+    file TEXT NOT NULL UNIQUE,
+    nbytes INTEGER NOT NULL,
+    checksum TEXT NOT NULL,
+    sigmas TEXT NOT NULL,
+    tensors TEXT NOT NULL,
+    meta TEXT NOT NULL DEFAULT '{}',
+    created REAL NOT NULL,
+    last_used REAL NOT NULL,
+    use_tick INTEGER NOT NULL,
+    hits INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS entries_key ON entries(fingerprint, shape);
+CREATE INDEX IF NOT EXISTS entries_lru ON entries(use_tick);
+CREATE INDEX IF NOT EXISTS entries_lfu ON entries(hits, use_tick);
+CREATE TABLE IF NOT EXISTS entities (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    text TEXT NOT NULL UNIQUE,
+    kind TEXT NOT NULL,
+    vector BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS postings (
+    entity_id INTEGER NOT NULL,
+    entry_id INTEGER NOT NULL,
+    PRIMARY KEY (entity_id, entry_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS postings_entry ON postings(entry_id);
+CREATE TABLE IF NOT EXISTS index_log (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    entity_id INTEGER NOT NULL,
+    op TEXT NOT NULL
+);
+"""
+
+# Migrations from older on-disk formats: {from_version: callable(conn)}. Version 1 is the first release.
+_MIGRATIONS: dict[int, object] = {}
+
+LOG_KEEP = 200_000  # index_log rows kept for other processes to catch up; older readers rebuild instead
+
+
+def _entry_from_row(row: sqlite3.Row, entities: Sequence[str] = ()) -> EntryInfo:
+    return EntryInfo(
+        id=row["id"], prompt=row["prompt"], entities=tuple(entities), fingerprint=row["fingerprint"],
+        shape=tuple(json.loads(row["shape"])), dtype=row["dtype"], nbytes=row["nbytes"],
+        sigmas=tuple(json.loads(row["sigmas"])), tensors=tuple(json.loads(row["tensors"])),
+        created=row["created"], last_used=row["last_used"], hits=row["hits"], file=row["file"],
+    )
+
+
+def shape_key(shape: Sequence[int]) -> str:
+    """Canonical text of a latent shape, as stored and compared."""
+    return json.dumps([int(s) for s in shape])
+
+
+class Manifest:
+    """Thread-safe wrapper over one SQLite connection in WAL mode."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.RLock()
+        self.conn = sqlite3.connect(str(path), timeout=60.0, isolation_level=None, check_same_thread=False)
+        self.conn.row_factory = sqlite3.Row
+        try:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA busy_timeout=60000")
+            self._init_schema()
+        except Exception:
+            self.conn.close()
+            raise
+
+    def _init_schema(self) -> None:
+        version = self._read_version()
+        if version is None:
+            with self.write() as cur:
+                if self._read_version() is None:
+                    for stmt in _SCHEMA.split(";"):
+                        if stmt.strip():
+                            cur.execute(stmt)
+                    now = str(time.time())
+                    for key, value in (("format_version", str(FORMAT_VERSION)), ("generation", "0"),
+                                       ("tick", "0"), ("index_epoch", "0"), ("created", now)):
+                        cur.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
+            return
+        if version > FORMAT_VERSION:
+            raise FormatVersionError(
+                f"cache manifest {self.path} uses on-disk format v{version}, newer than this CHAI pack (v{FORMAT_VERSION}); "
+                "update the pack, or open a cache under another name"
+            )
+        while version < FORMAT_VERSION:
+            step = _MIGRATIONS.get(version)
+            if step is None:
+                raise FormatVersionError(
+                    f"cache manifest {self.path} uses on-disk format v{version}, which cannot be migrated; "
+                    "clear it with `python -m cache_store --root <root> --name <name> clear` or choose another name"
+                )
+            with self.write() as cur:
+                step(cur)  # type: ignore[operator]
+                version += 1
+                cur.execute("UPDATE meta SET value=? WHERE key='format_version'", (str(version),))
+
+    def _read_version(self) -> int | None:
+        has_meta = self.conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+        if not has_meta:
+            return None
+        row = self.conn.execute("SELECT value FROM meta WHERE key='format_version'").fetchone()
+        if row is None:
+            raise FormatVersionError(f"cache manifest {self.path} has no format version; it was not written by CHAI")
+        return int(row[0])
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite3.Cursor]:
+        """A write transaction (BEGIN IMMEDIATE), committed on success and rolled back on error."""
+        with self._lock:
+            cur = self.conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[sqlite3.Cursor]:
+        """A consistent read snapshot."""
+        with self._lock:
+            cur = self.conn.cursor()
+            cur.execute("BEGIN")
+            try:
+                yield cur
+            finally:
+                cur.execute("COMMIT")
+
+    def query(self, sql: str, params: Sequence = ()) -> list[sqlite3.Row]:
+        """Run one read statement."""
+        with self._lock:
+            return self.conn.execute(sql, params).fetchall()
+
+    def meta(self, key: str, default: str | None = None) -> str | None:
+        """One value of the meta table."""
+        rows = self.query("SELECT value FROM meta WHERE key=?", (key,))
+        return rows[0][0] if rows else default
+
+    @staticmethod
+    def set_meta(cur: sqlite3.Cursor, key: str, value: str) -> None:
+        """Set a meta value inside a write transaction."""
+        cur.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                    (key, value))
+
+    @staticmethod
+    def bump(cur: sqlite3.Cursor, key: str) -> int:
+        """Increment an integer meta counter inside a write transaction and return the new value."""
+        cur.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key=?", (key,))
+        return int(cur.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()[0])
+
+    def entry(self, entry_id: int) -> EntryInfo | None:
+        """One entry with its entity phrases, or None."""
+        with self.read() as cur:
+            row = cur.execute("SELECT * FROM entries WHERE id=?", (entry_id,)).fetchone()
+            if row is None:
+                return None
+            ents = [r[0] for r in cur.execute(
+                "SELECT e.text FROM postings p JOIN entities e ON e.id=p.entity_id WHERE p.entry_id=? ORDER BY e.text",
+                (entry_id,))]
+        return _entry_from_row(row, ents)
+
+    def entries(self, limit: int | None = None) -> list[EntryInfo]:
+        """Entries, most recently used first."""
+        sql = "SELECT * FROM entries ORDER BY use_tick DESC" + (" LIMIT ?" if limit else "")
+        rows = self.query(sql, (limit,) if limit else ())
+        return [self.entry(r["id"]) or _entry_from_row(r) for r in rows]
+
+    def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, vectors) of all entities, or of the given ids."""
+        if ids is None:
+            rows = self.query("SELECT id, vector FROM entities ORDER BY id")
+        else:
+            rows = []
+            for chunk in range(0, len(ids), 500):
+                part = list(ids[chunk:chunk + 500])
+                rows += self.query(
+                    f"SELECT id, vector FROM entities WHERE id IN ({','.join('?' * len(part))})", part)
+        if not rows:
+            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        labels = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        vectors = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows])
+        return labels, vectors
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self.conn.close()

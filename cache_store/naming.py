@@ -1,0 +1,34 @@
+"""Cache names and entry file names that can never point outside the cache root."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .errors import CacheNameError
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ENTRY_FILE = re.compile(r"^[0-9a-f]{32}\.safetensors$")
+
+
+def validate_cache_name(name: str) -> str:
+    """Return `name` if it is a safe single folder name, else raise CacheNameError."""
+    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+        raise CacheNameError(
+            f"invalid cache name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (no slashes, no '..')"
+        )
+    return name
+
+
+def cache_dir(root: str | Path, name: str) -> Path:
+    """Folder of cache `name` under `root`, guaranteed to stay inside `root`."""
+    root_path = Path(root).expanduser().resolve()
+    path = (root_path / validate_cache_name(name)).resolve()
+    if path.parent != root_path:
+        raise CacheNameError(f"cache name {name!r} resolves outside the cache root {root_path}")
+    return path
+
+
+def is_entry_file_name(name: str) -> bool:
+    """True for the only file names the store ever writes for latents."""
+    return isinstance(name, str) and bool(_ENTRY_FILE.match(name))
