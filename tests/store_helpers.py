@@ -13,16 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-try:
-    from cache_store.entities import Entity
-except ImportError:  # TEMP until entities lands
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Entity:
-        text: str
-        kind: str
-        head: str
+from cache_store.entities import Entity
 from cache_store.types import EmbeddedEntities
 
 DIM = 32

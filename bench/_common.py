@@ -1,0 +1,55 @@
+"""Helpers shared by the bench scripts: data paths, prompt loading, percentiles, table printing."""
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PROMPTS = REPO.parent / "shared" / "data" / "vbench" / "all_dimension.txt"
+
+if str(REPO) not in sys.path:  # also runnable as `python bench/<name>.py`
+    sys.path.insert(0, str(REPO))
+
+
+def load_prompts(path: Path | str = DEFAULT_PROMPTS, seed: int | None = None) -> list[str]:
+    """Non-empty prompt lines of a text file, shuffled with `seed` when given; SystemExit with a hint if absent."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"prompt list {path} not found; pass --prompts PATH (VBench all_dimension.txt)")
+    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if seed is not None:
+        random.Random(seed).shuffle(prompts)
+    return prompts
+
+
+def ms_pct(seconds: Sequence[float], p: float) -> float:
+    """Percentile of durations given in seconds, in milliseconds (nan when empty)."""
+    return float(np.percentile(np.asarray(seconds, dtype=np.float64) * 1e3, p)) if len(seconds) else float("nan")
+
+
+def ms_mean(seconds: Sequence[float]) -> float:
+    """Mean of durations given in seconds, in milliseconds (nan when empty)."""
+    return float(np.mean(seconds) * 1e3) if len(seconds) else float("nan")
+
+
+def shorten(text: str, width: int) -> str:
+    """Cut text to `width` characters with an ellipsis."""
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "\u2026"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], aligns: str | None = None) -> str:
+    """A plain-text table; `aligns` has one 'l' or 'r' per column (default: first left, rest right)."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    aligns = aligns or "l" + "r" * (len(headers) - 1)
+
+    def fmt(row: list[str]) -> str:
+        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, aligns)).rstrip()
+
+    lines = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
+    lines += [fmt(r) for r in cells[1:]]
+    return "\n".join(lines)

