@@ -1,0 +1,26 @@
+"""The ComfyUI face of CHAI: V3 nodes, imported only when ComfyUI asks for the node list."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Modules that define nodes, each exporting NODES (a list of io.ComfyNode classes), in menu order.
+_NODE_MODULES = ("cache_nodes",)
+
+
+def node_list() -> list[type]:
+    """Import the node modules, register the `chai_cache` folder and return every node class."""
+    from .paths import register_cache_folder
+
+    register_cache_folder()
+    classes: list[type] = []
+    for name in _NODE_MODULES:
+        classes.extend(importlib.import_module(f".{name}", __name__).NODES)
+    return classes
+
+
+def __getattr__(name: str) -> Any:
+    # NODE_CLASSES is built on first access so that importing this package never imports ComfyUI.
+    if name == "NODE_CLASSES":
+        return node_list()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
