@@ -1,0 +1,219 @@
+"""Reference rectified-flow Euler sampler with classifier-free guidance, as OpenSora 1.2 samples (no ComfyUI).
+
+Conventions (see schedule.py): at flow sigma s the latent is ``x = (1 - s) * x0 + s * noise`` and the model,
+called with timestep ``1000 * s``, returns the OpenSora velocity ``v = x0 - noise`` (STDiT3 returns 8 channels;
+the first half is v, the second, learned-sigma half is dropped). One Euler step from sigma s_i to s_{i+1} is
+``x <- x + v * (s_i - s_{i+1})``, so a schedule ending at 0 lands on the clean latent. The denoised estimate
+at a step is ``x + s * v``. ComfyUI's flow (CONST) models use the opposite sign: their output is ``-v``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .presets import DEFAULT_FPS, model_fps
+from .schedule import NUM_TIMESTEPS, opensora_sigmas
+
+DEFAULT_STEPS = 30
+DEFAULT_CFG = 7.0
+
+ModelFn = Callable[..., torch.Tensor]
+StepCallback = Callable[[int, torch.Tensor, float, torch.Tensor], Any]
+
+
+def make_noise(
+    shape: Sequence[int],
+    seed: int | None = None,
+    generator: torch.Generator | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> torch.Tensor:
+    """Standard-normal starting latent, reproducible from a seed or a torch.Generator (drawn on the CPU)."""
+    if generator is None:
+        if seed is None:
+            raise ValueError("give a seed or a torch.Generator for reproducible noise")
+        generator = torch.Generator(device="cpu").manual_seed(int(seed))
+    noise = torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device=generator.device)
+    return noise.to(device=device, dtype=dtype)
+
+
+def denoised_from_velocity(x: torch.Tensor, sigma: float, velocity: torch.Tensor) -> torch.Tensor:
+    """Clean-latent estimate x0 = x + sigma * v at flow sigma."""
+    return x + sigma * velocity
+
+
+def cfg_combine(v_cond: torch.Tensor, v_uncond: torch.Tensor, cfg: float) -> torch.Tensor:
+    """Classifier-free guidance: v_uncond + cfg * (v_cond - v_uncond)."""
+    return v_uncond + cfg * (v_cond - v_uncond)
+
+
+def _velocity(out: torch.Tensor, channels: int) -> torch.Tensor:
+    """First `channels` output channels (STDiT3's learned-sigma half is dropped)."""
+    if out.shape[1] == channels:
+        return out
+    if out.shape[1] == 2 * channels:
+        return out[:, :channels]
+    raise ValueError(f"model returned {out.shape[1]} channels for a {channels}-channel latent")
+
+
+def _match_uncond_length(cond: torch.Tensor, uncond: torch.Tensor) -> torch.Tensor:
+    """Cut the null caption to the prompt's token count (OpenSora reuses the prompt mask for it)."""
+    if uncond.shape[:-2] != cond.shape[:-2] and uncond.shape[0] == 1:
+        uncond = uncond.expand(*cond.shape[:-2], *uncond.shape[-2:])
+    if uncond.shape[-2] > cond.shape[-2]:
+        uncond = uncond[..., : cond.shape[-2], :]
+    if uncond.shape != cond.shape:
+        raise ValueError(f"uncond {tuple(uncond.shape)} does not match cond {tuple(cond.shape)}")
+    return uncond
+
+
+def _double_batch(kwargs: Mapping[str, Any], batch: int) -> dict[str, Any]:
+    """Repeat every tensor kwarg whose first dim is the batch size, for a [cond; uncond] batch."""
+    doubled: dict[str, Any] = {}
+    for name, value in kwargs.items():
+        if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == batch:
+            doubled[name] = torch.cat([value, value], dim=0)
+        else:
+            doubled[name] = value
+    return doubled
+
+
+@torch.no_grad()
+def sample(
+    model: ModelFn,
+    noise: torch.Tensor,
+    cond: torch.Tensor,
+    uncond: torch.Tensor | None,
+    sigmas: Sequence[float] | torch.Tensor,
+    cfg: float = DEFAULT_CFG,
+    callback: StepCallback | None = None,
+    model_kwargs: Mapping[str, Any] | None = None,
+    *,
+    batched_cfg: bool = True,
+    model_dtype: torch.dtype | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """Integrate the flow from sigmas[0] to sigmas[-1] with Euler steps and CFG; returns the final latent.
+
+    noise is the latent at sigmas[0] (pure noise when it is 1; a partly denoised latent to resume a run).
+    cond / uncond are the text embeddings passed as the model's ``y`` (uncond None: no guidance; a longer
+    uncond, e.g. the 300-row null caption, is cut to cond's token count). model_kwargs (mask, fps, height,
+    width ...) go to every call; with batched_cfg, tensors whose first dim is the batch are repeated for the
+    [cond; uncond] batch. callback(i, x, sigma, v) runs once per step with the latent entering step i, its
+    sigma and the guided velocity; its return value is ignored. The state is integrated in `dtype`; inputs
+    are cast to model_dtype (if given) before each call and outputs back to `dtype`.
+    """
+    sig = torch.as_tensor(sigmas, dtype=torch.float64).flatten()
+    if sig.numel() < 2:
+        raise ValueError("sigmas needs at least two entries (start and end)")
+    if not bool((sig[1:] < sig[:-1]).all()):
+        raise ValueError("sigmas must be strictly decreasing")
+    if noise.ndim < 2:
+        raise ValueError(f"noise must be batched [B, C, ...], got shape {tuple(noise.shape)}")
+    batch, channels = noise.shape[0], noise.shape[1]
+    if cond.shape[0] != batch:
+        raise ValueError(f"cond batch {cond.shape[0]} != latent batch {batch}")
+    kwargs = dict(model_kwargs or {})
+    use_cfg = uncond is not None and cfg != 1.0  # cfg 1 gives v_cond exactly: skip the uncond pass
+    kwargs2 = kwargs
+    if use_cfg:
+        uncond = _match_uncond_length(cond, uncond)
+        if batched_cfg:
+            kwargs2 = _double_batch(kwargs, batch)
+
+    in_dtype = model_dtype or dtype
+
+    def call(x_in: torch.Tensor, t: torch.Tensor, y: torch.Tensor, kw: dict[str, Any]) -> torch.Tensor:
+        out = model(x_in.to(in_dtype), t, y.to(in_dtype) if model_dtype is not None else y, **kw)
+        return _velocity(out, channels).to(dtype)
+
+    x = noise.to(dtype)
+    sigma_list = sig.tolist()
+    for i in range(len(sigma_list) - 1):
+        s, s_next = sigma_list[i], sigma_list[i + 1]
+        t = torch.full((batch,), s * NUM_TIMESTEPS, dtype=torch.float32, device=x.device)
+        if not use_cfg:
+            v = call(x, t, cond, kwargs)
+        elif batched_cfg:
+            out = call(torch.cat([x, x]), torch.cat([t, t]), torch.cat([cond, uncond]), kwargs2)
+            v_cond, v_uncond = out.chunk(2, dim=0)
+            v = cfg_combine(v_cond, v_uncond, cfg)
+        else:
+            v = cfg_combine(call(x, t, cond, kwargs), call(x, t, uncond, kwargs), cfg)
+        if callback is not None:
+            callback(i, x, s, v)
+        x = x + v * (s - s_next)
+    return x
+
+
+def opensora_model_kwargs(
+    height: int,
+    width: int,
+    num_frames: int,
+    batch_size: int = 1,
+    fps: float = DEFAULT_FPS,
+    mask: torch.Tensor | None = None,
+    device: str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """The extra STDiT3 inputs OpenSora passes: nominal height/width in pixels, fps (120 for an image), mask."""
+    kw: dict[str, Any] = {
+        "height": torch.full((batch_size,), float(height), device=device),
+        "width": torch.full((batch_size,), float(width), device=device),
+        "fps": torch.full((batch_size,), model_fps(num_frames, fps), device=device),
+    }
+    if mask is not None:
+        kw["mask"] = mask
+    return kw
+
+
+def sample_opensora(
+    model: ModelFn,
+    noise: torch.Tensor,
+    cond: torch.Tensor,
+    uncond: torch.Tensor | None,
+    *,
+    height: int,
+    width: int,
+    num_frames: int,
+    steps: int = DEFAULT_STEPS,
+    cfg: float = DEFAULT_CFG,
+    fps: float = DEFAULT_FPS,
+    mask: torch.Tensor | None = None,
+    callback: StepCallback | None = None,
+    bf16_shift: bool = True,
+    model_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """Full OpenSora 1.2 sampling (defaults: 30 steps, CFG 7) for a nominal pixel size and frame count."""
+    sigmas = opensora_sigmas(steps, height, width, num_frames, bf16=bf16_shift)
+    kwargs = opensora_model_kwargs(height, width, num_frames, noise.shape[0], fps, mask, noise.device)
+    return sample(model, noise, cond, uncond, sigmas, cfg, callback, kwargs, model_dtype=model_dtype)
+
+
+class LatentCapture:
+    """Step callback that keeps copies of the latent entering chosen steps (0-based), keyed by step index."""
+
+    def __init__(self, steps: Sequence[int], device: str | torch.device = "cpu") -> None:
+        self.steps = frozenset(int(s) for s in steps)
+        self.device = device
+        self.latents: dict[int, torch.Tensor] = {}
+        self.sigmas: dict[int, float] = {}
+
+    def __call__(self, step: int, x: torch.Tensor, sigma: float, velocity: torch.Tensor) -> None:
+        """Store x at this step if it is one of the chosen steps."""
+        if step in self.steps:
+            self.latents[step] = x.detach().to(self.device, copy=True)
+            self.sigmas[step] = float(sigma)
+
+
+def chain_callbacks(*callbacks: StepCallback | None) -> StepCallback:
+    """One step callback that calls each given callback in order."""
+    active = [c for c in callbacks if c is not None]
+
+    def run(step: int, x: torch.Tensor, sigma: float, velocity: torch.Tensor) -> None:
+        for cb in active:
+            cb(step, x, sigma, velocity)
+
+    return run
