@@ -23,18 +23,29 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-# Switch point and search width, measured with bench/bench_index.py on the 2-core dev machine (384-d, k=16,
-# clustered embedding-like data, M=16, ef_construction=100, one query thread; p50 / p99 of single queries):
-#   size    exact          hnsw(ef=64)
-#   3k      0.10 / 0.19    0.16 / 0.36 ms
-#   10k     0.42 / 0.86    0.19 / 0.40 ms
-#   30k     1.4 / 2.3      0.21 / 0.41 ms
-#   100k    5.0 / 9.0      0.26 / 0.61 ms
-# Exact search is faster up to about 5k vectors and hnsw beyond; see the bench for the full tables.
-HNSW_MIN_SIZE = 5000
-# recall@16 against exact search at 100k: ef=32 0.981, ef=64 0.997, ef=128 0.9995, ef=256 1.000.
-# ef=64 is the smallest measured width with recall >= 0.99 and keeps the 100k p99 under 1 ms.
-DEFAULT_EF = 64
+# Switch point and search width, measured with bench/bench_index.py on the 2-core dev machine: 384-d clustered
+# embedding-like data, k=16, M=16, ef_construction=100, one query thread, CPU time per call (wall-clock tails on
+# that shared machine were scheduler preemption), ratio = exact / hnsw at ef=96:
+#   size      exact p50 / p99    hnsw p50 / p99    ratio p50   (batch of 3 vectors)
+#   1k        0.18 / 0.37 ms     0.19 / 0.34 ms    0.97        0.83
+#   2k        0.30 / 0.55 ms     0.26 / 0.45 ms    1.16        1.09
+#   4k        0.62 / 0.79 ms     0.43 / 0.55 ms    1.44        1.51
+#   10k       1.29 / 2.34 ms     0.65 / 0.89 ms    1.98        2.51
+#   100k      20.3 / 23.4 ms     0.39 / 0.67 ms    ~40         ~40
+# hnsw overtakes exact search at about 1.5k-2k vectors. "auto" keeps hnsw down to half the switch size, so the
+# switch size is twice that crossover: hnsw is then never slower than exact search while it is in use.
+HNSW_MIN_SIZE = 4000
+# hnsw recall@16 against exact search (same data):
+#   size     ef=32    ef=64    ef=96    ef=128   ef=256
+#   1k       0.927    0.984    0.995    0.999    1.000
+#   2k       -        0.980    0.992    0.996    -
+#   3k       0.976    0.990    0.995    0.998    1.000
+#   10k      0.999    1.000    1.000    1.000    1.000
+#   100k     0.953    0.993    0.998    0.999    1.000
+# ef=96 is the smallest measured width with recall >= 0.99 at every size hnsw serves (>= 2k); ef=64 drops to 0.98
+# at 2k. At 100k the single-query CPU p99 was 0.55 ms at ef=64, 0.67-0.74 ms at ef=96 (1.0 ms right after an
+# exact scan had flushed the CPU caches) and 0.72-1.1 ms at ef=128.
+DEFAULT_EF = 96
 DEFAULT_M = 16
 DEFAULT_EF_CONSTRUCTION = 100
 # "auto" switches back to exact only below this fraction of hnsw_min_size, so churn near the switch point does

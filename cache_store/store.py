@@ -61,6 +61,7 @@ class CacheStore:
                 Manifest.set_meta(cur, "budget_bytes", str(config.budget_bytes))
                 Manifest.set_meta(cur, "policy", config.policy)
             self._reconcile_files(VerifyReport())
+            self._sweep_index_temporaries()
             self._load_index()
 
     # ------------------------------------------------------------------ opening and recovery
@@ -145,6 +146,12 @@ class CacheStore:
             lat.remove_files(self.latent_dir, orphans)
             report.problems.append(f"{len(orphans)} latent file(s) not in the manifest")
             report.repaired.append(f"removed {len(orphans)} orphan latent file(s)")
+
+    def _sweep_index_temporaries(self) -> None:
+        """Remove temporary files an interrupted index save left behind (writer lock held)."""
+        stale = [p.name for p in self.index_dir.iterdir()
+                 if p.name.startswith(lat.TMP_PREFIX) or (p.name.startswith(".") and p.name.endswith(".tmp"))]
+        lat.remove_files(self.index_dir, stale)
 
     # ------------------------------------------------------------------ index maintenance
     def _new_index(self, dim: int) -> VectorIndex:

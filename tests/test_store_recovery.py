@@ -239,3 +239,12 @@ def test_cli_stats_verify_prune_clear(filled):
     bad = subprocess.run(base[:3] + ["--root", str(filled.parent), "--name", "../x", "stats"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "invalid cache name" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_temporaries_of_interrupted_writes_are_swept_on_open(filled):
+    (filled / "latents" / ".tmp-0123").write_bytes(b"half a latent")
+    (filled / "index" / ".entities-1-6.idx.x1y2.hnsw.tmp").write_bytes(b"half an index")
+    with CacheStore(filled, StoreConfig(10**9)) as s:
+        assert not [p for p in s.latent_dir.iterdir() if p.name.startswith(".")]
+        assert not [p for p in s.index_dir.iterdir() if p.name.startswith(".")]
+        assert s.lookup(ents("thing1"), FP, SHAPE, THR).hit
