@@ -1,0 +1,113 @@
+"""The adapter interface (one per model family) and the registry that picks the adapter for a model."""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from ..run import CacheAttentionRun
+
+
+class UnsupportedModelError(TypeError):
+    """The model belongs to no family with a Cache Attention adapter."""
+
+
+def unwrap_model(model: Any, max_depth: int = 4) -> Any:
+    """The diffusion network inside wrappers: follows `.diffusion_model` (a ComfyUI BaseModel) and `.model`
+    (a ComfyUI ModelPatcher) without importing ComfyUI."""
+    for _ in range(max_depth):
+        inner = getattr(model, "diffusion_model", None)
+        if inner is None and not isinstance(model, nn.Module):
+            inner = getattr(model, "model", None)
+        if inner is None or inner is model:
+            break
+        model = inner
+    return model
+
+
+class ModelAdapter(ABC):
+    """What Cache Attention needs to know about one model family.
+
+    recognise the model; locate the first transformer block and its self-attention; turn a donor latent into
+    that block's modulated tokens (and from them K/V) at the current timestep; attend with the block's own
+    attention. How the patch is installed (an `attn_replace` mapping in pure torch, ModelPatcher hooks in
+    ComfyUI) is the subclass's or the glue's business.
+    """
+
+    family: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def __init__(self, model: Any) -> None:
+        self.model = unwrap_model(model)
+        if not self.recognise(self.model):
+            raise UnsupportedModelError(f"{type(self.model).__name__} is not a {self.description or self.family} "
+                                        "model")
+
+    @classmethod
+    @abstractmethod
+    def recognise(cls, model: Any) -> bool:
+        """True when `model` (already unwrapped) belongs to this family."""
+
+    @abstractmethod
+    def first_block(self) -> nn.Module:
+        """The transformer block whose self-attention Cache Attention replaces."""
+
+    @abstractmethod
+    def block_self_attention(self) -> nn.Module:
+        """That block's self-attention module."""
+
+    @abstractmethod
+    def donor_tokens(self, donor: Tensor, context: Any) -> Tensor:
+        """The donor latent as the first block's modulated self-attention input, at the context's timestep."""
+
+    @abstractmethod
+    def donor_kv(self, donor: Tensor, context: Any) -> tuple[Tensor, Tensor]:
+        """Donor keys and values in the block's attention layout, through its own projections and k-norm."""
+
+    @abstractmethod
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: Any) -> Tensor:
+        """The block's attention and output projection, as the unpatched block computes it."""
+
+    def check_run(self, run: CacheAttentionRun) -> None:
+        """Raise ValueError when the run's donors cannot serve this model (default: no check)."""
+
+
+# family -> "relative.module:ClassName"; adapters load on first use so importing the registry stays cheap.
+_BUILTIN: dict[str, str] = {
+    "stdit3": ".stdit3:STDiT3Adapter",
+}
+_LOADED: dict[str, type[ModelAdapter]] = {}
+
+
+def register_adapter(cls: type[ModelAdapter]) -> type[ModelAdapter]:
+    """Add (or replace) the adapter for `cls.family`; usable as a class decorator."""
+    if not cls.family:
+        raise ValueError(f"{cls.__name__} has no family name")
+    _LOADED[cls.family] = cls
+    return cls
+
+
+def _adapter_classes() -> list[type[ModelAdapter]]:
+    for family, target in _BUILTIN.items():
+        if family not in _LOADED:
+            module, _, name = target.partition(":")
+            _LOADED[family] = getattr(importlib.import_module(module, __package__), name)
+    return list(_LOADED.values())
+
+
+def supported_families() -> list[str]:
+    """Families with an adapter, as 'family (description)' strings."""
+    return [f"{c.family} ({c.description})" if c.description else c.family for c in _adapter_classes()]
+
+
+def get_adapter(model: Any) -> ModelAdapter:
+    """The adapter instance for `model` (a bare network or a wrapper); UnsupportedModelError names the options."""
+    inner = unwrap_model(model)
+    for cls in _adapter_classes():
+        if cls.recognise(inner):
+            return cls(inner)
+    raise UnsupportedModelError(
+        f"CHAI Cache Attention does not support {type(inner).__name__} models; supported: "
+        f"{'; '.join(supported_families())}")

@@ -1,0 +1,156 @@
+"""Cache Attention for Open-Sora 1.2's STDiT3 through its `attn_replace` hook on `spatial_blocks[0]`.
+
+The donor latent takes the live latent's path into block 0: patch embedding plus the position table
+(`embed_video`, same nominal height/width), then block 0's norm1 and adaLN modulation with the current step's
+t_mlp (`modulated_attn_input`), then the K/V rows of block 0's fused qkv projection and its k-norm (`kv_heads`).
+Spatial attention runs per frame, so the donor is laid out per frame too: live frame i attends to donor frame i.
+Nothing before block 0's attention depends on the text, so the donor K/V are computed once per step and shared
+by the CFG halves and by split cond/uncond calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from torch import Tensor, nn
+
+from .._pack import sibling
+from ..kv import cache_attention, chunk_row_mask
+from ..run import BATCHED_CFG, COND, CacheAttentionRun, StepPlan
+from .base import ModelAdapter
+
+NUM_TIMESTEPS = 1000.0  # STDiT3 timesteps are 1000 * flow sigma
+RUN_KEY = "chai_run"  # transformer_options key that may hold the CacheAttentionRun of the current sampling
+
+
+@dataclass(frozen=True)
+class STDiT3Context:
+    """One self-attention call of block 0 and the sigma at which the donor is modulated (None: the call's)."""
+
+    call: Any  # opensora.stdit3.SelfAttnCall
+    modulation_sigma: float | None = None
+
+
+def sigma_of_call(call: Any) -> float:
+    """Flow sigma of an STDiT3 self-attention call, from its forward timestep (first element)."""
+    t = call.info.get("timestep")
+    if t is None:
+        raise ValueError("the STDiT3 call carries no timestep; pass sigma explicitly")
+    value = float(t.reshape(-1)[0].item()) if isinstance(t, Tensor) else float(t)
+    return value / NUM_TIMESTEPS
+
+
+class STDiT3Adapter(ModelAdapter):
+    """Open-Sora 1.2 STDiT3: block 0 is `spatial_blocks[0]`, patched via `forward(..., attn_replace=...)`."""
+
+    family = "stdit3"
+    description = "Open-Sora 1.2 STDiT3, spatial_blocks[0]"
+    PATCH_KEY = ("spatial_attn", 0)
+
+    @classmethod
+    def recognise(cls, model: Any) -> bool:
+        """An STDiT3 instance, or a module with STDiT3's blocks and input hooks."""
+        if isinstance(model, sibling("opensora.stdit3").STDiT3):
+            return True
+        return isinstance(model, nn.Module) and all(
+            hasattr(model, name) for name in ("spatial_blocks", "temporal_blocks", "embed_video", "embed_timestep"))
+
+    def first_block(self) -> nn.Module:
+        """`spatial_blocks[0]`."""
+        return self.model.spatial_blocks[0]
+
+    def block_self_attention(self) -> nn.Module:
+        """`spatial_blocks[0].attn`."""
+        return self.first_block().attn
+
+    def donor_tokens(self, donor: Tensor, context: STDiT3Context) -> Tensor:
+        """Donor [C, T, H, W] or [Bd, C, T, H, W] -> block 0's modulated input [Bd, T*S, C] at the step's t_mlp."""
+        model, call = self.model, context.call
+        z = donor[None] if donor.dim() == 4 else donor
+        z = z.to(device=model.device)
+        grid = model.patch_grid(*z.shape[2:])
+        if grid[0] != call.T or grid[1] * grid[2] != call.S:
+            raise ValueError(f"donor latent {tuple(z.shape)} gives a {grid[0]}x{grid[1] * grid[2]} token grid, the "
+                             f"live latent {call.T}x{call.S}: donor and live latents need the same shape")
+        tokens = model.embed_video(z, call.info.get("height"), call.info.get("width"))
+        if context.modulation_sigma is None:
+            t_mlp = call.t_mlp[:1]  # every row of a call shares the timestep
+        else:
+            fps = call.info.get("fps")
+            fps = float(fps.reshape(-1)[0].item()) if isinstance(fps, Tensor) else (24.0 if fps is None else fps)
+            _, t_mlp = model.embed_timestep(context.modulation_sigma * NUM_TIMESTEPS, fps, 1)
+        return self.first_block().modulated_attn_input(tokens, t_mlp.to(tokens.dtype))
+
+    def donor_kv(self, donor: Tensor, context: STDiT3Context) -> tuple[Tensor, Tensor]:
+        """Donor K/V [(Bd*T), heads, S, head_dim]: per-frame layout, block 0's K/V projection and k-norm."""
+        block, call = self.first_block(), context.call
+        h = block.to_attn_layout(self.donor_tokens(donor, context), call.T, call.S)
+        return block.attn.kv_heads(h)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: Any = None) -> Tensor:
+        """`spatial_blocks[0].attn.attend` (softmax attention, heads merged, output projection)."""
+        return self.block_self_attention().attend(q, k, v)
+
+    def _context(self, call: Any, plan: StepPlan) -> STDiT3Context:
+        own = plan.modulation_sigma == plan.sigma
+        return STDiT3Context(call, None if own else plan.modulation_sigma)
+
+    def replace_fn(self, run: CacheAttentionRun, cond_or_uncond: Sequence[int] = BATCHED_CFG,
+                   sigma: float | None = None) -> Callable[[Any], Tensor]:
+        """The callable for block 0's `attn_replace` slot (see `attn_replace`)."""
+        flags = run.chunk_flags(cond_or_uncond)
+
+        def replace(call: Any) -> Tensor:
+            plan = run.plan_for(sigma_of_call(call) if sigma is None else sigma)
+            if plan is None or not any(flags):
+                return call.block.attn.attend(call.q, call.k, call.v)
+            if call.kind != "spatial" or call.index != 0:
+                raise RuntimeError(f"Cache Attention is for spatial block 0, not {call.kind} block {call.index}")
+            context = self._context(call, plan)
+            key = (call.T, call.S, str(call.q.device), call.q.dtype)
+            k_d, v_d = run.donor_kv(plan, key, lambda: self.donor_kv(plan.donor_latent, context))
+            rows = chunk_row_mask(flags, call.q.shape[0], call.q.device)
+            out = cache_attention(call.q, call.k, call.v, k_d, v_d, call.block.attn.attend,
+                                  mode=run.config.kv_mode, rows=rows)
+            run.record(plan, call.kind, call.index, int(rows.sum()), int(rows.numel()))
+            return out
+
+        return replace
+
+    def attn_replace(self, run: CacheAttentionRun, cond_or_uncond: Sequence[int] = BATCHED_CFG,
+                     sigma: float | None = None) -> dict[tuple[str, int], Callable[[Any], Tensor]]:
+        """`attn_replace` mapping for one STDiT3 forward call.
+
+        cond_or_uncond: one entry per batch chunk, 0 = cond, 1 = uncond (ComfyUI's convention); the default
+        (0, 1) is the reference sampler's batched [cond; uncond]; a split call passes (0,) or (1,). sigma: the
+        call's flow sigma (default: its timestep / 1000).
+        """
+        return {self.PATCH_KEY: self.replace_fn(run, cond_or_uncond, sigma)}
+
+    def options_replace_fn(self, run: CacheAttentionRun | None = None,
+                           run_key: str = RUN_KEY) -> Callable[[Any], Tensor]:
+        """Block-0 patch that reads each call's `call.info["transformer_options"]` (as ComfyUI's STDiT3 wrapper
+        provides them): the run (the one given, else options[run_key]; none = plain attention), the batch layout
+        (options["cond_or_uncond"]; absent = the whole batch is cond) and the sigma (options["sigmas"][0]; absent =
+        the timestep / 1000)."""
+
+        def replace(call: Any) -> Tensor:
+            options = call.info.get("transformer_options") or {}
+            active = run if run is not None else options.get(run_key)
+            if active is None:
+                return call.block.attn.attend(call.q, call.k, call.v)
+            layout = tuple(int(c) for c in options.get("cond_or_uncond") or (COND,))
+            sigmas = options.get("sigmas")
+            sigma = None
+            if sigmas is not None:
+                sigma = float(sigmas.reshape(-1)[0].item()) if isinstance(sigmas, Tensor) else float(sigmas[0])
+            return self.replace_fn(active, layout, sigma)(call)
+
+        return replace
+
+    def check_run(self, run: CacheAttentionRun) -> None:
+        """Donor latents must be 4-D or 5-D STDiT3 latents with the model's channel count."""
+        shape = run.donors.shape
+        channels = self.model.config.in_channels
+        if len(shape) not in (4, 5) or shape[-4] != channels:
+            raise ValueError(f"donor latents of shape {shape} are not {channels}-channel STDiT3 latents")

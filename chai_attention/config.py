@@ -1,0 +1,94 @@
+"""CHAI sampling options: full/fast step counts, cache steps, K/V mode, CFG half and donor mapping."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping, Sequence
+
+KV_MODES: tuple[str, ...] = ("replace", "concat")
+APPLY_TO: tuple[str, ...] = ("cond", "both")
+DONOR_MAPPINGS: tuple[str, ...] = ("matched_sigma", "same_index", "final_clean")
+
+
+def parse_cache_steps(value: str | int | Sequence[int] | None) -> tuple[int, ...]:
+    """1-based step numbers from "2,3,4", "2 3 4", an int or a sequence; sorted, duplicates dropped."""
+    if value is None:
+        return ()
+    if isinstance(value, bool):
+        raise ValueError(f"cache steps must be step numbers, got {value!r}")
+    if isinstance(value, int):
+        items: list[Any] = [value]
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.lower() in ("", "none", "off"):
+            return ()
+        items = [part for part in text.replace(",", " ").replace(";", " ").split() if part]
+    else:
+        items = list(value)
+    steps = []
+    for item in items:
+        try:
+            if isinstance(item, bool) or (isinstance(item, float) and not item.is_integer()):
+                raise ValueError
+            step = int(item)
+        except (TypeError, ValueError):
+            raise ValueError(f"cache steps must be whole step numbers counted from 1 (like '2,3,4'); "
+                             f"got {item!r} in {value!r}") from None
+        if step < 1:
+            raise ValueError(f"cache steps are counted from 1; got {step} in {value!r}")
+        steps.append(step)
+    return tuple(sorted(set(steps)))
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"ChaiConfig.{name} must be a positive whole number, got {value!r}")
+    return value
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"ChaiConfig.{name} must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ChaiConfig:
+    """How a CHAI run samples: full_steps on a miss, fast_steps with Cache Attention at cache_steps on a hit."""
+
+    full_steps: int = 30
+    fast_steps: int = 8
+    cache_steps: tuple[int, ...] = (2, 3, 4)  # 1-based steps of the fast schedule; "2,3,4" strings are parsed
+    kv_mode: str = "replace"  # "replace": donor K/V only (the paper); "concat": own tokens plus donor tokens
+    apply_to: str = "cond"  # "cond": only the conditional CFG half attends to the donor; "both": both halves
+    donor_mapping: str = "matched_sigma"  # which donor latent serves a cache step (see steps.py)
+
+    def __post_init__(self) -> None:
+        _positive_int("full_steps", self.full_steps)
+        _positive_int("fast_steps", self.fast_steps)
+        object.__setattr__(self, "cache_steps", parse_cache_steps(self.cache_steps))
+        late = [s for s in self.cache_steps if s > self.fast_steps]
+        if late:
+            raise ValueError(f"cache steps {late} lie beyond the {self.fast_steps} fast steps; choose steps in "
+                             f"1..{self.fast_steps} (the paper uses 2,3,4 of 8)")
+        _choice("kv_mode", self.kv_mode, KV_MODES)
+        _choice("apply_to", self.apply_to, APPLY_TO)
+        _choice("donor_mapping", self.donor_mapping, DONOR_MAPPINGS)
+
+    @property
+    def cache_indices(self) -> tuple[int, ...]:
+        """The cache steps as 0-based step indices of the fast schedule."""
+        return tuple(s - 1 for s in self.cache_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of the fields."""
+        out = asdict(self)
+        out["cache_steps"] = list(self.cache_steps)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ChaiConfig":
+        """Build from a dict such as `to_dict()` wrote; unknown fields are an error."""
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown ChaiConfig fields: {unknown}")
+        return cls(**dict(data))

@@ -1,0 +1,120 @@
+"""Donor latents: what a full run keeps for later fast runs, how they are named in a cache entry, and capture."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from .steps import CapturePlan, select_donor
+
+DONOR_NAME = "donor_{:02d}"
+_NAME_RE = re.compile(r"^donor_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Donor:
+    """One donor latent and the flow sigma it was taken at."""
+
+    sigma: float
+    latent: Tensor
+
+
+class DonorSet:
+    """The donor latents of one cached generation, ordered from the noisiest to the cleanest."""
+
+    def __init__(self, donors: Sequence[Donor]) -> None:
+        if not donors:
+            raise ValueError("a donor set needs at least one latent")
+        shape = tuple(donors[0].latent.shape)
+        for d in donors:
+            if tuple(d.latent.shape) != shape:
+                raise ValueError(f"donor latents differ in shape: {tuple(d.latent.shape)} and {shape}")
+        self.donors: tuple[Donor, ...] = tuple(sorted(donors, key=lambda d: -float(d.sigma)))
+
+    def __len__(self) -> int:
+        return len(self.donors)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape shared by the latents."""
+        return tuple(self.donors[0].latent.shape)
+
+    @property
+    def sigmas(self) -> tuple[float, ...]:
+        """Sigmas of the latents, decreasing."""
+        return tuple(float(d.sigma) for d in self.donors)
+
+    def select(self, step_sigma: float, position: int, mapping: str = "matched_sigma") -> int:
+        """Index of the donor serving a cache step (see `steps.select_donor`)."""
+        return select_donor(self.sigmas, step_sigma, position, mapping)
+
+    def to_entry(self) -> tuple[dict[str, Tensor], list[float]]:
+        """(named tensors, sigmas) for `ChaiCache.write`: tensor "donor_NN" was taken at sigmas[NN]."""
+        tensors = {DONOR_NAME.format(i): d.latent for i, d in enumerate(self.donors)}
+        return tensors, [float(d.sigma) for d in self.donors]
+
+    @classmethod
+    def from_entry(cls, latents: Mapping[str, Any], sigmas: Sequence[float]) -> "DonorSet":
+        """Rebuild from a cache entry's tensors and sigmas as `to_entry` named them."""
+        sigmas = [float(s) for s in sigmas]
+        donors = []
+        for name, tensor in latents.items():
+            m = _NAME_RE.match(name)
+            if m is None:
+                raise ValueError(f"cache entry tensor {name!r} is not a CHAI donor latent (expected donor_NN)")
+            i = int(m.group(1))
+            if i >= len(sigmas):
+                raise ValueError(f"cache entry tensor {name!r} has no recorded sigma ({len(sigmas)} recorded)")
+            donors.append(Donor(sigmas[i], torch.as_tensor(tensor)))
+        if len(donors) != len(sigmas):
+            raise ValueError(f"cache entry holds {len(donors)} donor latents but {len(sigmas)} sigmas")
+        return cls(donors)
+
+    @classmethod
+    def from_lookup(cls, result: Any) -> "DonorSet":
+        """From a hit's `LookupResult` (latents loaded, entry with sigmas)."""
+        if not getattr(result, "hit", False) or result.entry is None or result.latents is None:
+            raise ValueError("a donor set needs a cache hit with loaded latents")
+        return cls.from_entry(result.latents, result.entry.sigmas)
+
+
+class DonorCapture:
+    """Keeps the latents a `CapturePlan` asks for while a full run samples; callable as a sampler step callback."""
+
+    def __init__(self, plan: CapturePlan, device: torch.device | str = "cpu") -> None:
+        self.plan = plan
+        self.device = device
+        self._wanted = dict(zip(plan.indices, plan.sigmas))
+        self._kept: dict[int, Donor] = {}
+        self._final: Donor | None = None
+
+    def observe(self, step: int, x: Tensor, sigma: float) -> None:
+        """Record the latent x entering 0-based step `step` at `sigma` when the plan wants it."""
+        if step in self._wanted and step not in self._kept:
+            self._kept[step] = Donor(float(sigma), x.detach().to(self.device, torch.float32, copy=True))
+
+    def observe_final(self, x: Tensor, sigma: float | None = None) -> None:
+        """Record the finished latent when the plan keeps it."""
+        if self.plan.final:
+            s = self.plan.final_sigma if sigma is None else float(sigma)
+            self._final = Donor(s, x.detach().to(self.device, torch.float32, copy=True))
+
+    def __call__(self, step: int, x: Tensor, sigma: float, velocity: Tensor | None = None) -> None:
+        """Step callback with the reference sampler's signature (i, x, sigma, v)."""
+        self.observe(step, x, sigma)
+
+    @property
+    def missing(self) -> tuple[int, ...]:
+        """Planned step indices not seen yet (-1 stands for the final latent)."""
+        gone = tuple(i for i in self.plan.indices if i not in self._kept)
+        return gone + ((-1,) if self.plan.final and self._final is None else ())
+
+    def donors(self) -> DonorSet:
+        """The captured donor set; raises when a planned latent was never seen (e.g. an interrupted run)."""
+        if self.missing:
+            raise RuntimeError(f"the full run did not reach every planned capture (missing steps {self.missing})")
+        kept = [self._kept[i] for i in self.plan.indices] + ([self._final] if self._final is not None else [])
+        return DonorSet(kept)

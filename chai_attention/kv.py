@@ -1,0 +1,72 @@
+"""Cache Attention math on per-head q/k/v tensors, independent of the model family.
+
+Layout: q, k, v are [R, heads, N, head_dim], R rows of independent attention (for STDiT3 spatial blocks one row
+per (sample, frame); for a full 3-D attention such as Wan's, one row per sample). Donor keys and values come in
+the same layout with Rd rows that correspond, row by row, to the rows they serve (frame i of the donor for frame i
+of the live latent); Rd may divide the number of served rows, in which case the donor rows are tiled (a donor
+batch of one serving every sample and CFG half).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from .config import KV_MODES
+
+Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def tile_rows(t: Tensor, rows: int) -> Tensor:
+    """Repeat t [Rd, ...] along dim 0 to `rows` rows (Rd must divide rows)."""
+    have = t.shape[0]
+    if have == rows:
+        return t
+    if have == 0 or rows % have:
+        raise ValueError(f"donor keys/values have {have} rows, which does not divide the {rows} rows they serve; "
+                         "the donor latent must have the live latent's shape (batch 1 or the live batch)")
+    return t.repeat(rows // have, *([1] * (t.dim() - 1)))
+
+
+def combine_kv(k: Tensor, v: Tensor, k_donor: Tensor, v_donor: Tensor, mode: str = "replace") -> tuple[Tensor, Tensor]:
+    """Keys and values the live queries attend to: the donor's ("replace") or own then donor's ("concat")."""
+    if mode not in KV_MODES:
+        raise ValueError(f"K/V mode must be one of {', '.join(KV_MODES)}; got {mode!r}")
+    k_donor, v_donor = tile_rows(k_donor, k.shape[0]), tile_rows(v_donor, v.shape[0])
+    if k_donor.shape[1:2] != k.shape[1:2] or k_donor.shape[-1] != k.shape[-1]:
+        raise ValueError(f"donor keys {tuple(k_donor.shape)} do not match the block's keys {tuple(k.shape)} "
+                         "in heads or head width")
+    k_donor, v_donor = k_donor.to(k.dtype), v_donor.to(v.dtype)
+    if mode == "replace":
+        return k_donor, v_donor
+    return torch.cat([k, k_donor], dim=-2), torch.cat([v, v_donor], dim=-2)
+
+
+def chunk_row_mask(flags: Sequence[bool], rows: int, device: torch.device | str | None = None) -> Tensor:
+    """Bool [rows] marking the rows of the chunks whose flag is set; rows split evenly over the chunks."""
+    n = len(flags)
+    if n == 0 or rows % n:
+        raise ValueError(f"{rows} attention rows cannot be split into {n} CFG chunks")
+    return torch.tensor([bool(f) for f in flags], device=device).repeat_interleave(rows // n)
+
+
+def cache_attention(q: Tensor, k: Tensor, v: Tensor, k_donor: Tensor, v_donor: Tensor, attend: Attend, *,
+                    mode: str = "replace", rows: Tensor | None = None) -> Tensor:
+    """attend(q, K, V) where rows marked in `rows` (bool [R], None = all) use the donor's K/V per `mode`.
+
+    `attend` is the block's own attention plus output projection; unmarked rows attend to their own k/v exactly
+    as the unpatched block would. Donor K/V rows are tiled over the marked rows (see the module docstring).
+    """
+    if rows is None or bool(rows.all()):
+        return attend(q, *combine_kv(k, v, k_donor, v_donor, mode))
+    if not bool(rows.any()):
+        return attend(q, k, v)
+    rows = rows.to(q.device)
+    live = ~rows
+    patched = attend(q[rows], *combine_kv(k[rows], v[rows], k_donor, v_donor, mode))
+    own = attend(q[live], k[live], v[live])
+    out = patched.new_empty((q.shape[0], *patched.shape[1:]))
+    out[rows] = patched
+    out[live] = own.to(patched.dtype)
+    return out
