@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 # Modules that define nodes, each exporting NODES (a list of io.ComfyNode classes), in menu order.
-_NODE_MODULES = ("cache_nodes",)
+_NODE_MODULES = ("cache_nodes", "opensora_nodes", "opensora_vae_nodes")
 
 
 def node_list() -> list[type]:
@@ -15,7 +18,12 @@ def node_list() -> list[type]:
     register_cache_folder()
     classes: list[type] = []
     for name in _NODE_MODULES:
-        classes.extend(importlib.import_module(f".{name}", __name__).NODES)
+        try:
+            module = importlib.import_module(f".{name}", __name__)
+        except ImportError as exc:  # one broken group of nodes must not take the others down
+            log.error("[CHAI] the nodes in %s could not be loaded: %s", name, exc)
+            continue
+        classes.extend(module.NODES)
     return classes
 
 

@@ -179,7 +179,8 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate interleaved pairs (x[2k], x[2k+1]) of the last dim by the angles of the second-to-last (sequence) dim."""
     pairs = x.unflatten(-1, (-1, 2))
     rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+    like = {"device": x.device, "dtype": x.dtype}
+    return x * cos.to(**like) + rotated * sin.to(**like)
 
 
 def t2i_modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -232,7 +233,7 @@ class RMSNorm(nn.Module):
         """Normalise x [..., dim]."""
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight.to(x.dtype) * normed.to(x.dtype)
+        return self.weight.to(device=x.device, dtype=x.dtype) * normed.to(x.dtype)
 
 
 class Mlp(nn.Module):
@@ -294,7 +295,7 @@ class CaptionEmbedder(nn.Module):
     def forward(self, caption: Tensor, drop: Tensor | None = None) -> Tensor:
         """Project caption [B, L, Cc] -> [B, L, hidden]; rows where `drop` [B] is true use the null caption."""
         if drop is not None:
-            null = self.y_embedding[: caption.shape[1]].to(caption.dtype)
+            null = self.y_embedding[: caption.shape[1]].to(device=caption.device, dtype=caption.dtype)
             caption = torch.where(drop.to(torch.bool).view(-1, 1, 1), null[None], caption)
         return self.y_proj(caption)
 
@@ -423,11 +424,12 @@ class STDiT3Block(nn.Module):
 
     def modulation(self, t_mlp: Tensor) -> tuple[Tensor, ...]:
         """(shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp), each [B, 1, C]."""
-        return (self.scale_shift_table[None].to(t_mlp.dtype) + t_mlp.view(t_mlp.shape[0], 6, -1)).chunk(6, dim=1)
+        table = self.scale_shift_table[None].to(device=t_mlp.device, dtype=t_mlp.dtype)
+        return (table + t_mlp.view(t_mlp.shape[0], 6, -1)).chunk(6, dim=1)
 
     def modulated_attn_input(self, x: Tensor, t_mlp: Tensor) -> Tensor:
         """LN(x) * (1 + scale_msa) + shift_msa for x [B, T*S, C]: the tokens the self-attention projects."""
-        table = self.scale_shift_table[None, :2].to(t_mlp.dtype)
+        table = self.scale_shift_table[None, :2].to(device=t_mlp.device, dtype=t_mlp.dtype)
         shift, scale = (table + t_mlp.view(t_mlp.shape[0], 6, -1)[:, :2]).chunk(2, dim=1)
         return t2i_modulate(self.norm1(x), shift, scale)
 
@@ -476,7 +478,8 @@ class T2IFinalLayer(nn.Module):
 
     def forward(self, x: Tensor, t: Tensor) -> Tensor:
         """x [B, N, C], t [B, C] -> [B, N, patch_volume * out_channels]."""
-        shift, scale = (self.scale_shift_table[None].to(t.dtype) + t[:, None]).chunk(2, dim=1)
+        table = self.scale_shift_table[None].to(device=t.device, dtype=t.dtype)
+        shift, scale = (table + t[:, None]).chunk(2, dim=1)
         return self.linear(t2i_modulate(self.norm_final(x), shift, scale))
 
 
@@ -556,11 +559,13 @@ class STDiT3(nn.Module):
         pt, ph, pw = self.config.patch_size
         return -(-t // pt), -(-h // ph), -(-w // pw)
 
-    def position_embedding(self, hp: int, wp: int, height: float, width: float) -> Tensor:
+    def position_embedding(self, hp: int, wp: int, height: float, width: float,
+                           device: torch.device | None = None) -> Tensor:
         """[1, hp*wp, C] table in the model dtype; height/width are the nominal pixel size (sets the scale)."""
         scale = math.sqrt(height * width) / self.config.input_sq_size
         base_size = round(math.sqrt(hp * wp))
-        table = sincos_pos_embed_2d(self.config.hidden_size, hp, wp, scale, base_size, self.device, self.dtype)
+        table = sincos_pos_embed_2d(self.config.hidden_size, hp, wp, scale, base_size, device or self.device,
+                                    self.dtype)
         return table.to(self.dtype)
 
     def embed_video(self, z: Tensor, height: Any = None, width: Any = None) -> Tensor:
@@ -569,15 +574,20 @@ class STDiT3(nn.Module):
         t, hp, wp = self.patch_grid(tx, hx, wx)
         height_px = _first_scalar(height, "height") if height is not None else float(hx * VAE_DOWNSCALE)
         width_px = _first_scalar(width, "width") if width is not None else float(wx * VAE_DOWNSCALE)
-        pos = self.position_embedding(hp, wp, height_px, width_px)
+        pos = self.position_embedding(hp, wp, height_px, width_px, z.device)
         h = self.x_embedder(z.to(self.dtype))
         return (h.unflatten(1, (t, hp * wp)) + pos[:, None]).flatten(1, 2)
 
-    def embed_timestep(self, timestep: Any, fps: Any, batch: int) -> tuple[Tensor, Tensor]:
+    def embed_timestep(self, timestep: Any, fps: Any, batch: int,
+                       device: torch.device | None = None) -> tuple[Tensor, Tensor]:
         """(t [B, C], t_mlp [B, 6C]) for timesteps in [0, 1000] and fps; t feeds the final layer, t_mlp the blocks."""
-        # The timestep is rounded to the model dtype before the sinusoid, as Open-Sora does.
-        ts = _per_sample(timestep, batch, self.device, "timestep").to(self.dtype)
-        fs = _per_sample(fps, batch, self.device, "fps").float()
+        # The timestep is rounded to the model dtype before the sinusoid, as Open-Sora does. `device` (default:
+        # the timestep tensor's, else the weights') is where the computation runs: under ComfyUI's partial
+        # offload the weights may sit elsewhere and comfy.ops layers cast them to their input's device.
+        if device is None:
+            device = timestep.device if isinstance(timestep, Tensor) else self.device
+        ts = _per_sample(timestep, batch, device, "timestep").to(self.dtype)
+        fs = _per_sample(fps, batch, device, "fps").float()
         t = self.t_embedder(ts, self.dtype) + self.fps_embedder(fs, self.dtype)
         return t, self.t_block(t)
 
@@ -641,9 +651,9 @@ class STDiT3(nn.Module):
         if fps is None:
             fps = IMAGE_FPS if tx == 1 else DEFAULT_FPS
         h = self.embed_video(x, height, width)
-        t, t_mlp = self.embed_timestep(timestep, fps, b)
+        t, t_mlp = self.embed_timestep(timestep, fps, b, x.device)
         y_tokens, y_mask = self.encode_text(y, mask, b, y_drop)
-        rope = self.rope.cos_sin(grid[0])
+        rope = tuple(r.to(x.device) for r in self.rope.cos_sin(grid[0]))
         info = {"timestep": timestep, "fps": fps, "height": height, "width": width} if attn_replace else {}
         replace = attn_replace or {}
         for i, (spatial, temporal) in enumerate(zip(self.spatial_blocks, self.temporal_blocks)):
