@@ -73,6 +73,13 @@ class ModelAdapter(ABC):
     def check_run(self, run: CacheAttentionRun) -> None:
         """Raise ValueError when the run's donors cannot serve this model (default: no check)."""
 
+    def comfy_install(self, patcher: Any, run_key: str = "chai_run") -> None:
+        """Install the Cache Attention patch on a ComfyUI ModelPatcher *clone* through its public hooks.
+
+        The run itself travels per sampling call in transformer_options[run_key], never on the model.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no ComfyUI installation")
+
 
 # family -> "relative.module:ClassName"; adapters load on first use so importing the registry stays cheap.
 _BUILTIN: dict[str, str] = {
