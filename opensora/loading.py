@@ -196,16 +196,7 @@ def infer_config(shapes: Mapping[str, Sequence[int]], metadata: Mapping[str, str
         raise CheckpointError(f"final_layer.linear has {out_total} outputs, not 1x or 2x in_channels per patch")
     inferred["pred_sigma"] = out_ch == 2 * in_ch
 
-    meta_cfg = None
-    if metadata and metadata.get(CONFIG_METADATA_KEY):
-        try:
-            meta_cfg = STDiT3Config.from_dict(json.loads(metadata[CONFIG_METADATA_KEY]))
-        except (ValueError, TypeError) as exc:
-            raise CheckpointError(f"unreadable {CONFIG_METADATA_KEY} metadata: {exc}") from exc
-        for name, value in inferred.items():
-            if getattr(meta_cfg, name) != value:
-                raise CheckpointError(f"{CONFIG_METADATA_KEY} metadata says {name}={getattr(meta_cfg, name)!r} "
-                                      f"but the tensor shapes say {value!r}")
+    meta_cfg = config_from_metadata(metadata, CONFIG_METADATA_KEY, STDiT3Config, inferred)
 
     if "spatial_blocks.0.attn.q_norm.weight" in shapes:
         head_dim = shapes["spatial_blocks.0.attn.q_norm.weight"][0]
@@ -226,6 +217,22 @@ def infer_config(shapes: Mapping[str, Sequence[int]], metadata: Mapping[str, str
         return STDiT3Config(num_heads=hidden // head_dim, **inferred)
     except ValueError as exc:
         raise CheckpointError(f"inferred an invalid STDiT3 configuration: {exc}") from exc
+
+
+def config_from_metadata(metadata: Mapping[str, str] | None, key: str, config_cls: Any,
+                         inferred: Mapping[str, Any]) -> Any:
+    """The config a checkpoint's metadata records, checked against what its tensor shapes say (None if absent)."""
+    if not metadata or not metadata.get(key):
+        return None
+    try:
+        cfg = config_cls.from_dict(json.loads(metadata[key]))
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"unreadable {key} metadata: {exc}") from exc
+    for name, value in inferred.items():
+        if getattr(cfg, name) != value:
+            raise CheckpointError(f"{key} metadata says {name}={getattr(cfg, name)!r} but the tensor shapes say "
+                                  f"{value!r}")
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import torch
 from torch import Tensor, nn
 
-from .loading import (CheckpointError, KeyMismatchError, TensorSource, WrongArchitectureError, describe_checkpoint,
+from .loading import (CheckpointError, config_from_metadata, KeyMismatchError, TensorSource, WrongArchitectureError, describe_checkpoint,
                       find_prefix, parse_dtype)
 from .vae_temporal import LATENT_SCALE, LATENT_SHIFT, TemporalPart, TemporalVAEConfig
 
@@ -92,15 +92,8 @@ def infer_temporal_config(shapes: Mapping[str, Any], metadata: Mapping[str, str]
         "num_res_blocks": len(res_blocks), "channel_multipliers": tuple(w // filters for w in widths),
         "temporal_downsample": tuple(down),
     }
-    if metadata and metadata.get(CONFIG_METADATA_KEY):
-        try:
-            meta_cfg = TemporalVAEConfig.from_dict(json.loads(metadata[CONFIG_METADATA_KEY]))
-        except (ValueError, TypeError) as exc:
-            raise CheckpointError(f"unreadable {CONFIG_METADATA_KEY} metadata: {exc}") from exc
-        for name, value in inferred.items():
-            if getattr(meta_cfg, name) != value:
-                raise CheckpointError(f"{CONFIG_METADATA_KEY} metadata says {name}={getattr(meta_cfg, name)!r} but "
-                                      f"the tensor shapes say {value!r}")
+    meta_cfg = config_from_metadata(metadata, CONFIG_METADATA_KEY, TemporalVAEConfig, inferred)
+    if meta_cfg is not None:
         return meta_cfg
     if f"{dec}.conv1.conv.weight" in shapes and shapes[f"{dec}.conv1.conv.weight"][0] != widths[-1]:
         raise CheckpointError("decoder.conv1 width does not match the encoder's deepest level")
