@@ -34,9 +34,16 @@ CREATE TABLE IF NOT EXISTS entries (
     created REAL NOT NULL,
     last_used REAL NOT NULL,
     use_tick INTEGER NOT NULL,
-    hits INTEGER NOT NULL DEFAULT 0
+    hits INTEGER NOT NULL DEFAULT 0,
+    group_id INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS entries_key ON entries(fingerprint, shape);
+CREATE TABLE IF NOT EXISTS groups (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    fingerprint TEXT NOT NULL,
+    shape TEXT NOT NULL,
+    UNIQUE (fingerprint, shape)
+);
 CREATE INDEX IF NOT EXISTS entries_lru ON entries(use_tick);
 CREATE INDEX IF NOT EXISTS entries_lfu ON entries(hits, use_tick);
 CREATE TABLE IF NOT EXISTS entities (
@@ -45,12 +52,16 @@ CREATE TABLE IF NOT EXISTS entities (
     kind TEXT NOT NULL,
     vector BLOB NOT NULL
 );
+-- Postings carry the entry's (model fingerprint, latent shape) group so a lookup ranks compatible entries with
+-- one range scan per matched entity, without joining entries.
 CREATE TABLE IF NOT EXISTS postings (
+    group_id INTEGER NOT NULL,
     entity_id INTEGER NOT NULL,
     entry_id INTEGER NOT NULL,
-    PRIMARY KEY (entity_id, entry_id)
+    PRIMARY KEY (group_id, entity_id, entry_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS postings_entry ON postings(entry_id);
+CREATE INDEX IF NOT EXISTS postings_entity ON postings(entity_id);
 CREATE TABLE IF NOT EXISTS index_log (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     entity_id INTEGER NOT NULL,
@@ -105,7 +116,7 @@ class Manifest:
                             cur.execute(stmt)
                     now = str(time.time())
                     for key, value in (("format_version", str(FORMAT_VERSION)), ("generation", "0"),
-                                       ("tick", "0"), ("index_epoch", "0"), ("created", now)):
+                                       ("tick", "0"), ("index_epoch", "0"), ("total_bytes", "0"), ("created", now)):
                         cur.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
             return
         if version > FORMAT_VERSION:

@@ -143,6 +143,25 @@ def open_cache(root: str | os.PathLike, name: str, *, budget_bytes: int, policy:
         return cache
 
 
+def store_generations() -> tuple[tuple[str, Any], ...]:
+    """(cache folder, generation) of every cache this process has open, sorted by folder.
+
+    For ComfyUI's fingerprint_inputs, which sees only widget values: the tuple changes whenever any open
+    cache gains, loses or clears entries (in this or another process). A cache whose manifest cannot be read
+    gives a fresh NaN, which never compares equal, so a node fingerprinted with it re-runs.
+    """
+    with _OPEN_LOCK:
+        caches = sorted(_OPEN.items())
+    out = []
+    for (folder, _), cache in caches:
+        try:
+            generation: Any = cache.store.generation
+        except (CacheError, sqlite3.Error, OSError, AttributeError):
+            generation = float("nan")
+        out.append((folder, generation))
+    return tuple(out)
+
+
 def close_all() -> None:
     """Close every cache this process opened (tests, shutdown)."""
     with _OPEN_LOCK:

@@ -27,8 +27,10 @@ LATENT_DIR = "latents"
 INDEX_DIR = "index"
 INDEX_STATE = "state.json"
 LOCK_NAME = ".writer.lock"
-SAVE_INDEX_EVERY = 1000  # logged entity changes before this process persists the index again
-NEIGHBOURS = 32          # stored entities considered per query entity
+SAVE_INDEX_EVERY = 1000  # logged entity changes before this process persists the index again ...
+SAVE_INDEX_INTERVAL = 300.0  # ... but at most every 5 minutes: a save writes the whole index (~90 MB at 100k);
+                             # a reopen replays whatever the index_log recorded since the last save
+NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
 
 
@@ -55,12 +57,14 @@ class CacheStore:
         self._index_epoch = -1
         self._index_gen = -1
         self._unsaved = 0
+        self._last_save = time.monotonic()
         with self._writer_lock():
             self.manifest = self._open_manifest()
             with self.manifest.write() as cur:
                 Manifest.set_meta(cur, "budget_bytes", str(config.budget_bytes))
                 Manifest.set_meta(cur, "policy", config.policy)
             self._reconcile_files(VerifyReport())
+            self._recount_bytes()
             self._sweep_index_temporaries()
             self._load_index()
 
@@ -185,6 +189,8 @@ class CacheStore:
             except (OSError, ValueError, KeyError, TypeError, IndexLoadError) as exc:
                 log.info("[CHAI] rebuilding the entity index from the manifest (%s)", exc)
                 self._rebuild_index(dim, epoch)
+                if self._unsaved >= SAVE_INDEX_EVERY:  # a large rebuild is slow: persist it at once (lock held)
+                    self._save_index()
 
     def _rebuild_index(self, dim: int, epoch: int) -> None:
         with self._mem:
@@ -251,6 +257,7 @@ class CacheStore:
                     except OSError:
                         pass
             self._unsaved = 0
+            self._last_save = time.monotonic()
 
     # ------------------------------------------------------------------ writing
     @staticmethod
@@ -268,12 +275,16 @@ class CacheStore:
                 "Use the same embedder, or another cache name")
         tick = Manifest.bump(cur, "tick")
         now = time.time()
+        key = shape_key(shape)
+        cur.execute("INSERT OR IGNORE INTO groups(fingerprint, shape) VALUES (?, ?)", (fingerprint, key))
+        group_id = cur.execute("SELECT id FROM groups WHERE fingerprint=? AND shape=?", (fingerprint, key)).fetchone()[0]
         cur.execute(
             "INSERT INTO entries(prompt, fingerprint, shape, dtype, file, nbytes, checksum, sigmas, tensors, meta, "
-            "created, last_used, use_tick, hits) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,0)",
-            (prompt, fingerprint, shape_key(shape), dtype, file, nbytes, digest,
+            "created, last_used, use_tick, hits, group_id) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,0,?)",
+            (prompt, fingerprint, key, dtype, file, nbytes, digest,
              json.dumps([float(s) for s in sigmas]), json.dumps(list(tensors)), json.dumps(dict(extra)),
-             now, now, tick))
+             now, now, tick, group_id))
+        cur.execute("UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key='total_bytes'", (nbytes,))
         entry_id = cur.lastrowid
         seen: set[str] = set()
         for (text, kind), vector in zip(ents, vectors):
@@ -288,7 +299,8 @@ class CacheStore:
                 cur.execute("INSERT INTO index_log(entity_id, op) VALUES (?, 'add')", (entity_id,))
             else:
                 entity_id = row[0]
-            cur.execute("INSERT OR IGNORE INTO postings(entity_id, entry_id) VALUES (?,?)", (entity_id, entry_id))
+            cur.execute("INSERT OR IGNORE INTO postings(group_id, entity_id, entry_id) VALUES (?,?,?)",
+                        (group_id, entity_id, entry_id))
         Manifest.bump(cur, "generation")
         return entry_id
 
@@ -299,7 +311,10 @@ class CacheStore:
         for start in range(0, len(entry_ids), 500):
             ids = list(entry_ids[start:start + 500])
             marks = ",".join("?" * len(ids))
-            files += [r[0] for r in cur.execute(f"SELECT file FROM entries WHERE id IN ({marks})", ids)]
+            rows = cur.execute(f"SELECT file, nbytes FROM entries WHERE id IN ({marks})", ids).fetchall()
+            files += [r[0] for r in rows]
+            cur.execute("UPDATE meta SET value = CAST(value AS INTEGER) - ? WHERE key='total_bytes'",
+                        (sum(r[1] for r in rows),))
             cands = [r[0] for r in cur.execute(
                 f"SELECT DISTINCT entity_id FROM postings WHERE entry_id IN ({marks})", ids)]
             cur.execute(f"DELETE FROM postings WHERE entry_id IN ({marks})", ids)
@@ -317,6 +332,17 @@ class CacheStore:
         if entry_ids:
             Manifest.bump(cur, "generation")
         return files
+
+    @staticmethod
+    def _total_bytes(cur: sqlite3.Cursor) -> int:
+        """Bytes of all entries, kept in meta by every insert and delete (recounted on open)."""
+        return int(cur.execute("SELECT value FROM meta WHERE key='total_bytes'").fetchone()[0])
+
+    def _recount_bytes(self) -> None:
+        """Make the byte counter agree with the rows (writer lock held); a scan, so only on open and repair."""
+        with self.manifest.write() as cur:
+            total = cur.execute("SELECT COALESCE(SUM(nbytes), 0) FROM entries").fetchone()[0]
+            Manifest.set_meta(cur, "total_bytes", str(total))
 
     def _victims(self, cur: sqlite3.Cursor, need: int) -> list[int]:
         """Entries to evict, in policy order, freeing at least `need` bytes."""
@@ -374,8 +400,7 @@ class CacheStore:
             lat.write_atomic(self.latent_dir, name, data)
             try:
                 with self.manifest.write() as cur:
-                    total = cur.execute("SELECT COALESCE(SUM(nbytes), 0) FROM entries").fetchone()[0]
-                    victims = self._victims(cur, total + len(data) - self.config.budget_bytes)
+                    victims = self._victims(cur, self._total_bytes(cur) + len(data) - self.config.budget_bytes)
                     evicted_files = self._delete_rows(cur, victims)
                     entry_id = self._insert_rows(cur, self.manifest, prompt, ents, entities.vectors,
                                                  entities.embedder, fingerprint, shape, dtype, name, len(data),
@@ -386,7 +411,8 @@ class CacheStore:
                 raise
             lat.remove_files(self.latent_dir, [f for f in evicted_files if is_entry_file_name(f)])
             self._sync_index()
-            if self._unsaved >= SAVE_INDEX_EVERY:
+            if (self._unsaved >= SAVE_INDEX_EVERY
+                    and time.monotonic() - self._last_save >= SAVE_INDEX_INTERVAL):
                 self._save_index()
         return InsertResult(entry_id=entry_id, nbytes=len(data), evicted=tuple(victims))
 
@@ -475,20 +501,19 @@ class CacheStore:
             log.warning("[CHAI] could not drop damaged entries now: %s", exc)
 
     def _rank(self, matched: list[tuple[int, int, float]], fingerprint: str, shape: str) -> list[int]:
-        """Entries ordered by matched query entities, then summed similarity, then recency."""
+        """Compatible entries ordered by matched query entities, then summed similarity, then newest."""
+        group = self.manifest.query("SELECT id FROM groups WHERE fingerprint=? AND shape=?", (fingerprint, shape))
+        if not group:
+            return []
         values = ",".join(["(?,?,?)"] * len(matched))
         params: list[Any] = [x for triple in matched for x in triple]
-        # CROSS JOIN pins the loop order (matched entities -> their postings -> entries). With a plain JOIN the
-        # planner walks every entry of this fingerprint/shape once per matched entity (entries_key index),
-        # which costs O(matched x entries): 100+ ms at a few thousand entries.
+        # CROSS JOIN pins the loop order: matched entities -> their postings in this group (one range scan each).
         sql = (f"WITH m(q, eid, sim) AS (VALUES {values}), "
                "best AS (SELECT p.entry_id AS entry_id, m.q AS q, MAX(m.sim) AS sim "
-               "FROM m CROSS JOIN postings p ON p.entity_id = m.eid CROSS JOIN entries e ON e.id = p.entry_id "
-               "WHERE e.fingerprint = ? AND e.shape = ? GROUP BY p.entry_id, m.q) "
-               "SELECT b.entry_id, COUNT(*) AS n, SUM(b.sim) AS s, e.use_tick FROM best b "
-               "JOIN entries e ON e.id = b.entry_id GROUP BY b.entry_id "
-               "ORDER BY n DESC, s DESC, e.use_tick DESC LIMIT ?")
-        rows = self.manifest.query(sql, params + [fingerprint, shape, CANDIDATES])
+               "FROM m CROSS JOIN postings p ON p.group_id = ? AND p.entity_id = m.eid GROUP BY p.entry_id, m.q) "
+               "SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best GROUP BY entry_id "
+               "ORDER BY n DESC, s DESC, entry_id DESC LIMIT ?")
+        rows = self.manifest.query(sql, params + [group[0][0], CANDIDATES])
         return [r[0] for r in rows]
 
     def _matches_for(self, entry_id: int, entities: EmbeddedEntities,
@@ -573,7 +598,7 @@ class CacheStore:
         budget = self.config.budget_bytes if budget_bytes is None else int(budget_bytes)
         with self._writer_lock():
             with self.manifest.write() as cur:
-                total = cur.execute("SELECT COALESCE(SUM(nbytes), 0) FROM entries").fetchone()[0]
+                total = self._total_bytes(cur)
                 victims = self._victims(cur, total - budget) if total > budget else []
                 files = self._delete_rows(cur, victims)
             lat.remove_files(self.latent_dir, [f for f in files if is_entry_file_name(f)])
@@ -586,9 +611,10 @@ class CacheStore:
             with self.manifest.write() as cur:
                 n = cur.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
                 files = [r[0] for r in cur.execute("SELECT file FROM entries")]
-                for table in ("postings", "entries", "entities", "index_log"):
+                for table in ("postings", "entries", "entities", "index_log", "groups"):
                     cur.execute(f"DELETE FROM {table}")
                 cur.execute("DELETE FROM meta WHERE key IN ('embedder', 'dim')")
+                Manifest.set_meta(cur, "total_bytes", "0")
                 Manifest.bump(cur, "generation")
                 Manifest.bump(cur, "index_epoch")
             lat.remove_files(self.latent_dir, [f for f in files if is_entry_file_name(f)])
@@ -629,6 +655,9 @@ class CacheStore:
                 "(SELECT 1 FROM postings WHERE postings.entity_id = entities.id)")[0][0]
             dangling = self.manifest.query(
                 "SELECT COUNT(*) FROM postings WHERE entry_id NOT IN (SELECT id FROM entries)")[0][0]
+            counted = self.manifest.query("SELECT COALESCE(SUM(nbytes), 0) FROM entries")[0][0]
+            if int(self.manifest.meta("total_bytes", "0") or 0) != counted:
+                report.problems.append("the byte counter disagrees with the entries")
             if orphan_entities:
                 report.problems.append(f"{orphan_entities} entities belong to no entry")
             if dangling:
@@ -658,6 +687,7 @@ class CacheStore:
                         Manifest.bump(cur, "generation")
                     report.repaired.append("removed orphan entities and dangling postings")
                 self._reconcile_files(report)
+                self._recount_bytes()
                 dim = self._dim()
                 if dim is not None:
                     self._rebuild_index(dim, int(self.manifest.meta("index_epoch", "0") or 0))

@@ -146,6 +146,7 @@ def test_budget_never_exceeded_across_random_inserts(tmp_path, monkeypatch):
             s.insert(f"p{i}", ents(*rng.sample(words, rng.randint(1, 4))), FP, latents(i, shape), SIGMAS)
             total = s.manifest.query("SELECT SUM(nbytes) FROM entries")[0][0]
             assert total <= budget
+            assert int(s.manifest.meta("total_bytes")) == total   # the counter inserts rely on
             if i % 100 == 0:
                 n = s.manifest.query("SELECT COUNT(*) FROM entries")[0][0]
                 assert len(list(s.latent_dir.glob("*.safetensors"))) == n

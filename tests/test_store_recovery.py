@@ -30,6 +30,7 @@ WRITER = textwrap.dedent("""
     from store_helpers import SIGMAS, ents, latents
     root, wid, budget, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     store_mod.SAVE_INDEX_EVERY = 3          # persist the index often, so kills land inside saves too
+    store_mod.SAVE_INDEX_INTERVAL = 0.0
     rng = random.Random(wid)
     s = CacheStore(root, StoreConfig(budget))
     print("ready", flush=True)
