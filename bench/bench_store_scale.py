@@ -1,0 +1,644 @@
+"""Store at scale (issue benchmark 1): 100,000 entries with real MiniLM entity vectors, latency of every stage.
+
+Entities come from the VBench prompt list: the extractor's entities of all prompts, plus new phrases made by
+putting the modifiers seen in VBench entities in front of the head nouns seen there ("wooden" + "umbrella"), so
+the vectors have the clustered structure of real entity embeddings. The phrase set is embedded once, in batches,
+and the vectors are reused (and cached in the system temp folder, keyed by the phrases and the embedder). Each
+entry holds 1-6 entities (VBench's distribution): a share drawn from the VBench entities by their frequency, the
+rest uniformly from the generated phrases. Latents are three small dummy tensors of shape [1, 4, 2, 4, 4].
+
+Measured: insert latency (with and without fsync, at the start and at full size), per-stage lookup latency for
+real VBench prompts (extraction, embedding cold and cached, the store's index / selection / latent-load stages,
+the raw index query), exact numpy search against hnswlib over the same vectors with recall, reopen time, file
+sizes and peak memory. Prints tables with the targets beside the figures; asserts nothing.
+
+    python -m bench.bench_store_scale --quick      # 5,000 entries, under a minute
+    python -m bench.bench_store_scale              # 100,000 entries, takes a while on 2 cores
+    python -m bench.bench_store_scale --entries 20000 --phrases 20000 --dir /some/folder --keep-dir
+    python -m bench.bench_store_scale --reuse /some/folder/chai-scale-xxxx   # lookups only, on a kept store
+
+"Whole lookup" is the sum of the stages measured for the same request (extraction, embedding, store.lookup).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from bench._common import DEFAULT_PROMPTS, REPO, load_prompts, ms_mean, ms_pct, table
+
+SHAPE = (1, 4, 2, 4, 4)
+FINGERPRINT = "bench:dummy-model"
+LATENT_NAMES = ("x_t_0", "x_t_1", "x_t_2")
+SIGMAS = (0.9, 0.7, 0.5)
+TARGETS = {"index_p99_ms": 1.0, "recall": 0.99, "whole_p50_ms": 25.0, "whole_p99_ms": 100.0,
+           "noextract_p50_ms": 5.0, "reopen_s": 5.0, "rss_gb": 1.5}
+
+
+def log(msg: str) -> None:
+    """Progress line with a timestamp."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ data
+def phrase_pool(extracted: list[list], n_generated: int, seed: int) -> tuple[list, list[float], list]:
+    """VBench entities (with their frequencies) and `n_generated` new modifier + head phrases."""
+    from cache_store.entities import Entity
+
+    counts: Counter = Counter()
+    first: dict[str, Entity] = {}
+    head_kind: dict[str, Counter] = {}
+    modifiers: set[str] = set()
+    for ents in extracted:
+        for e in ents:
+            counts[e.text] += 1
+            first.setdefault(e.text, e)
+            head_kind.setdefault(e.head, Counter())[e.kind] += 1
+            if " " in e.text and "-" not in e.head:
+                modifiers.update(w for w in e.text.split()[:-1] if w.isalpha())
+    originals = sorted(first.values(), key=lambda e: -counts[e.text])
+    weights = [float(counts[e.text]) for e in originals]
+    heads = sorted(h for h in head_kind if h.isalpha())
+    mods = sorted(modifiers)
+    rng = random.Random(seed)
+    seen = set(first)
+    generated: list[Entity] = []
+    combos = [(m, h) for m in mods for h in heads if m != h]
+    rng.shuffle(combos)
+    extra = 0
+    while len(generated) < n_generated:
+        if combos:
+            m, h = combos.pop()
+            text = f"{m} {h}"
+        else:  # two modifiers once the single-modifier combinations run out
+            m1, m2, h = rng.choice(mods), rng.choice(mods), rng.choice(heads)
+            text = f"{m1} {m2} {h}"
+            extra += 1
+            if extra > 20 * n_generated:
+                break
+        if text in seen:
+            continue
+        seen.add(text)
+        generated.append(Entity(text=text, kind=head_kind[h].most_common(1)[0][0], head=h))
+    return originals, weights, generated
+
+
+def embed_cached(embedder, phrases: list[str], cache_dir: Path) -> np.ndarray:
+    """Embed phrases in batches, memoised on disk by (embedder identity, phrase list)."""
+    key = hashlib.sha256((embedder.identity + "\n" + "\n".join(phrases)).encode()).hexdigest()[:16]
+    path = cache_dir / f"chai-bench-vectors-{key}.npy"
+    if path.is_file():
+        vecs = np.load(path)
+        if vecs.shape == (len(phrases), embedder.dim):
+            log(f"  {len(phrases)} phrase vectors from {path}")
+            return vecs
+    out = np.empty((len(phrases), embedder.dim), np.float32)
+    t0 = time.perf_counter()
+    step = 2048
+    for start in range(0, len(phrases), step):
+        out[start:start + step] = embedder.embed(phrases[start:start + step])
+        done = min(start + step, len(phrases))
+        rate = done / max(time.perf_counter() - t0, 1e-9)
+        log(f"  embedded {done}/{len(phrases)} phrases ({rate:.0f}/s, ~{(len(phrases) - done) / rate:.0f} s left)")
+    try:
+        np.save(path, out)
+    except OSError:
+        pass
+    return out
+
+
+def entry_plan(n: int, n_orig: int, weights: list[float], n_gen: int, size_counts: Counter,
+               orig_share: float, seed: int) -> list[list[int]]:
+    """Entity indices (into originals + generated) of each entry."""
+    rng = np.random.default_rng(seed)
+    sizes = np.array(sorted(k for k in size_counts if k > 0))
+    probs = np.array([size_counts[k] for k in sizes], float)
+    ks = rng.choice(sizes, size=n, p=probs / probs.sum())
+    w = np.asarray(weights) / np.sum(weights)
+    plan = []
+    total = int(ks.sum())
+    from_orig = rng.random(total) < orig_share
+    orig_draw = rng.choice(n_orig, size=total, p=w)
+    gen_draw = n_orig + rng.integers(0, max(n_gen, 1), size=total) if n_gen else orig_draw
+    picks = np.where(from_orig, orig_draw, gen_draw)
+    pos = 0
+    for k in ks:
+        plan.append(list(dict.fromkeys(picks[pos:pos + k].tolist())))
+        pos += k
+    return plan
+
+
+@contextlib.contextmanager
+def no_fsync(enabled: bool):
+    """Make os.fsync a no-op inside the block (bulk fill only)."""
+    if not enabled:
+        yield
+        return
+    real = os.fsync
+    os.fsync = lambda fd: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os.fsync = real
+
+
+class LogCapture(logging.Handler):
+    """Collect the store's log messages (to tell an index load from a rebuild)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def dir_bytes(path: Path) -> tuple[int, int]:
+    """(total bytes, file count) of the files directly in a folder."""
+    total = count = 0
+    with os.scandir(path) as it:
+        for item in it:
+            if item.is_file():
+                total += item.stat().st_size
+                count += 1
+    return total, count
+
+
+def rss_now() -> int:
+    """Resident set size of this process in bytes."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        return 0
+
+
+def peak_rss() -> int:
+    """Peak resident set size of this process in bytes: VmHWM where /proc exists, else ru_maxrss.
+
+    VmHWM belongs to the address space, so a child started with exec begins afresh; ru_maxrss on Linux carries the
+    parent's peak over fork + exec and would make a small child look as big as its parent.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak * (1 if sys.platform == "darwin" else 1024))
+
+
+def chunked_query(index, queries: np.ndarray, k: int, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """index.query in chunks (an exact query of m vectors materialises an m x n similarity matrix)."""
+    parts = [index.query(queries[i:i + chunk], k) for i in range(0, len(queries), chunk)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def recall_at(hl: np.ndarray, el: np.ndarray) -> float:
+    """Mean share of the exact top-k labels that the approximate top-k found."""
+    return float(np.mean([len(set(a[a >= 0].tolist()) & set(b[b >= 0].tolist())) / max(int((b >= 0).sum()), 1)
+                          for a, b in zip(hl, el)]))
+
+
+FRESH_PROCESS = r"""
+import json, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from bench.bench_store_scale import peak_rss
+t0 = time.perf_counter()
+from cache_store.config import StoreConfig
+from cache_store.store import CacheStore
+from cache_store.types import EmbeddedEntities
+from cache_store.entities import Entity
+t1 = time.perf_counter()
+store = CacheStore(sys.argv[2], StoreConfig(budget_bytes=int(sys.argv[3])))
+t2 = time.perf_counter()
+data = np.load(sys.argv[4])
+ident = sys.argv[5]
+hits = 0
+for row in data[:200]:
+    ee = EmbeddedEntities((Entity("q", "object", "q"),), row[None, :], ident)
+    hits += store.lookup(ee, sys.argv[6], json.loads(sys.argv[7]), 0.8, touch=False).hit
+store.close()
+print(json.dumps({"import_s": t1 - t0, "open_s": t2 - t1, "hits": hits,
+                  "peak_rss": peak_rss()}))
+"""
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--entries", type=int, default=None, help="entries to store (default 100000; quick 5000)")
+    ap.add_argument("--phrases", type=int, default=None,
+                    help="generated entity phrases besides the VBench ones (default 60000; quick 2000)")
+    ap.add_argument("--orig-share", type=float, default=0.4,
+                    help="share of entity slots drawn from VBench entities (by frequency); the rest generated")
+    ap.add_argument("--queries", type=int, default=None, help="VBench prompts looked up (default 500; quick 100)")
+    ap.add_argument("--probe", type=int, default=None,
+                    help="inserts timed with and without fsync before the bulk fill (default 2000; quick 150)")
+    ap.add_argument("--sample", type=int, default=None,
+                    help="inserts with real fsync timed at full size (default 300; quick 50)")
+    ap.add_argument("--fsync-fill", action="store_true", help="keep real fsync during the bulk fill")
+    ap.add_argument("--efs", type=lambda s: [int(x) for x in s.split(",")], default=[64, 128, 256, 512],
+                    help="hnsw search widths for the recall / latency sweep")
+    ap.add_argument("--quick", action="store_true", help="5,000 entries, under a minute")
+    ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="VBench all_dimension.txt")
+    ap.add_argument("--dir", type=Path, default=None, help="parent folder for the cache (default: system temp)")
+    ap.add_argument("--keep-dir", action="store_true", help="do not delete the cache folder at the end")
+    ap.add_argument("--reuse", type=Path, default=None,
+                    help="measure an existing cache folder kept by --keep-dir (skips the fill; adds --sample entries)")
+    ap.add_argument("--threshold", type=float, default=None, help="cosine threshold (default: the embedder's)")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    n_entries = args.entries or (5_000 if args.quick else 100_000)
+    n_phrases = args.phrases if args.phrases is not None else (2_000 if args.quick else 60_000)
+    n_queries = args.queries or (100 if args.quick else 500)
+    probe = args.probe if args.probe is not None else (150 if args.quick else 2_000)
+    sample = args.sample if args.sample is not None else (50 if args.quick else 300)
+    probe = min(probe, max(n_entries // 4, 1))
+    sample = min(sample, max(n_entries // 4, 1))
+
+    import torch
+
+    torch.set_num_threads(max(args.threads, 1))
+    from cache_store.config import StoreConfig
+    from cache_store.embedders import get_embedder
+    from cache_store.entities import EntityExtractor
+    from cache_store.index import VectorIndex
+    from cache_store.store import NEIGHBOURS, CacheStore
+    from cache_store.types import EmbeddedEntities
+
+    t_start = time.perf_counter()
+    peaks: list[tuple[str, int]] = []
+    prompts = load_prompts(args.prompts)
+    t = time.perf_counter()
+    extractor = EntityExtractor()
+    t_spacy = time.perf_counter() - t
+    t = time.perf_counter()
+    embedder = get_embedder("minilm", batch_size=128).load()
+    t_minilm = time.perf_counter() - t
+    threshold = embedder.default_threshold if args.threshold is None else args.threshold
+    log(f"spaCy {extractor.pipeline_name} loaded in {t_spacy:.1f} s, {embedder.identity} in {t_minilm:.1f} s")
+    extracted = extractor.extract_many(prompts)
+    budget = 10**12  # no eviction: this measures a full store
+    latents = {name: torch.zeros(SHAPE) for name in LATENT_NAMES}
+    ins_fsync_start: list[float] = []
+    ins_nofsync_start: list[float] = []
+    ins_bulk: list[float] = []
+    t_fill, patch = 0.0, False
+    pool_size = 0
+
+    if args.reuse is None:
+        originals, weights, generated = phrase_pool(extracted, n_phrases, args.seed)
+        pool = originals + generated
+        pool_size = len(pool)
+        log(f"{len(prompts)} prompts -> {len(originals)} VBench entities + {len(generated)} generated phrases; "
+            "embedding")
+        vectors = embed_cached(embedder, [e.text for e in pool], Path(tempfile.gettempdir()))
+        plan = entry_plan(n_entries, len(originals), weights, len(generated), Counter(map(len, extracted)),
+                          args.orig_share, args.seed)
+        distinct_planned = len({i for ids in plan for i in ids})
+        log(f"plan: {n_entries} entries, {sum(map(len, plan))} entity slots, {distinct_planned} distinct entities")
+        parent = args.dir or Path(tempfile.gettempdir())
+        parent.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="chai-scale-", dir=parent))
+    else:
+        root = args.reuse
+        if not (root / "manifest.sqlite").is_file():
+            raise SystemExit(f"{root} holds no cache manifest")
+        plan, pool, vectors = [], [], np.zeros((0, embedder.dim), np.float32)
+    peaks.append(("models + phrase vectors", peak_rss()))
+    t = time.perf_counter()
+    store = CacheStore(root, StoreConfig(budget_bytes=budget))
+    t_open_first = time.perf_counter() - t
+
+    def insert_plan(i: int) -> float:
+        ids = plan[i]
+        ents = tuple(pool[j] for j in ids)
+        ee = EmbeddedEntities(ents, vectors[ids], embedder.identity)
+        prompt = "a " + " with a ".join(e.text for e in ents)
+        t0 = time.perf_counter()
+        store.insert(prompt, ee, FINGERPRINT, latents, SIGMAS)
+        return time.perf_counter() - t0
+
+    def insert_prompt(i: int) -> float:
+        ents = extracted[i % len(extracted)]
+        if not ents:
+            return float("nan")
+        ee = EmbeddedEntities(tuple(ents), embedder.embed([e.text for e in ents]), embedder.identity)
+        t0 = time.perf_counter()
+        store.insert(prompts[i % len(prompts)], ee, FINGERPRINT, latents, SIGMAS)
+        return time.perf_counter() - t0
+
+    # --- inserts: probe with and without fsync, bulk fill, sample at full size
+    log(f"cache folder {root}" + (f" (reused, opened in {t_open_first:.2f} s)" if args.reuse else ""))
+    if args.reuse is None:
+        ins_fsync_start = [insert_plan(i) for i in range(probe)]
+        with no_fsync(True):
+            ins_nofsync_start = [insert_plan(i) for i in range(probe, 2 * probe)]
+        fsync_share = 1 - ms_mean(ins_nofsync_start) / ms_mean(ins_fsync_start)
+        patch = not args.fsync_fill and fsync_share > 0.3
+        log(f"probe: {probe} inserts with fsync mean {ms_mean(ins_fsync_start):.2f} ms, without "
+            f"{ms_mean(ins_nofsync_start):.2f} ms (fsync {fsync_share:.0%} of an insert) -> bulk fill "
+            f"{'without' if patch else 'with'} fsync")
+        bulk_end = n_entries - sample
+        t_fill = time.perf_counter()
+        step = max((bulk_end - 2 * probe) // 20, 1)
+        with no_fsync(patch):
+            for i in range(2 * probe, bulk_end):
+                ins_bulk.append(insert_plan(i))
+                if (i - 2 * probe + 1) % step == 0:
+                    recent = ins_bulk[-step:]
+                    done = i + 1
+                    rate = len(ins_bulk) / (time.perf_counter() - t_fill)
+                    log(f"  {done}/{n_entries} entries, last {step}: p50 {ms_pct(recent, 50):.2f} ms p99 "
+                        f"{ms_pct(recent, 99):.2f} ms, {rate:.0f}/s, ~{(bulk_end - done) / rate:.0f} s left")
+        t_fill = time.perf_counter() - t_fill
+        ins_fsync_end = [insert_plan(i) for i in range(bulk_end, n_entries)]
+    else:
+        ins_fsync_end = [x for x in (insert_prompt(i) for i in range(sample)) if x == x]
+    sums = []
+    for _ in range(5):
+        t = time.perf_counter()
+        store.manifest.query("SELECT COALESCE(SUM(nbytes), 0) FROM entries")
+        sums.append(time.perf_counter() - t)
+    t_budget_check = min(sums)
+    stats = store.stats()
+    peaks.append(("after the fill", peak_rss()))
+    log(f"filled: {stats.entries} entries, {stats.entities} distinct entities, index {stats.index_backend}")
+
+    # --- close (persists the index), sizes, reopen
+    t = time.perf_counter()
+    store.close()
+    t_close = time.perf_counter() - t
+    idx_bytes = sum(p.stat().st_size for p in (root / "index").glob("entities-*"))
+    man_bytes = sum(p.stat().st_size for p in root.glob("manifest.sqlite*"))
+    lat_bytes, lat_files = dir_bytes(root / "latents")
+    capture = LogCapture()
+    store_log = logging.getLogger("cache_store.store")
+    store_log.addHandler(capture)
+    old_level = store_log.level
+    store_log.setLevel(logging.DEBUG)
+    t = time.perf_counter()
+    store = CacheStore(root, StoreConfig(budget_bytes=budget))
+    t_reopen = time.perf_counter() - t
+    store_log.removeHandler(capture)
+    store_log.setLevel(old_level)
+    rebuilt = any("rebuilding" in m for m in capture.messages)
+    peaks.append(("after close + reopen", peak_rss()))
+    log(f"reopened in {t_reopen:.2f} s ({'index REBUILT: ' + capture.messages[-1] if rebuilt else 'index loaded'})")
+
+    # --- exact index over the same vectors
+    labels, stored_vecs = store.manifest.entity_vectors()
+    t = time.perf_counter()
+    exact = VectorIndex(stored_vecs.shape[1], backend="exact")
+    exact.add(labels, stored_vecs)
+    t_exact_build = time.perf_counter() - t
+    hnsw = store._index  # the store's own index (private; read-only use)
+    hnsw_note = "the store's index"
+    if hnsw.backend != "hnsw":  # small store: compare against an hnsw index built over the same vectors
+        hnsw = VectorIndex(stored_vecs.shape[1], backend="hnsw")
+        hnsw.add(labels, stored_vecs)
+        hnsw_note = f"built here; the store uses {store._index.backend} at this size"
+    k = min(NEIGHBOURS, len(hnsw))
+    posting_counts = dict(store.manifest.query("SELECT entity_id, COUNT(*) FROM postings GROUP BY entity_id"))
+
+    # --- lookups of real VBench prompts
+    qprompts = load_prompts(args.prompts, seed=args.seed + 1)[:n_queries]
+    st: dict[str, list[float]] = {s: [] for s in (
+        "extract", "embed_cold", "embed_cached", "s_index", "s_select", "s_load", "store_lookup",
+        "load_latents", "q_hnsw", "q_exact", "whole_cold", "whole_cached", "noext_cold", "noext_cached",
+        "lookup_miss")}
+    q_rows: list[np.ndarray] = []
+    select_by_postings: list[tuple[int, float]] = []
+    hits = empty = 0
+    log(f"looking up {len(qprompts)} VBench prompts (threshold {threshold:.2f}, k={k})")
+    for warm in qprompts[:5]:  # warm-up, not counted
+        ents = extractor.extract(warm)
+        if ents:
+            ee = EmbeddedEntities(tuple(ents), embedder.embed([e.text for e in ents]), embedder.identity)
+            store.lookup(ee, FINGERPRINT, SHAPE, threshold, touch=False)
+    for qi, prompt in enumerate(qprompts):
+        t = time.perf_counter()
+        ents = extractor.extract(prompt)
+        t_ext = time.perf_counter() - t
+        if not ents:
+            empty += 1
+            continue
+        texts = [e.text for e in ents]
+        embedder.clear_cache()
+        t = time.perf_counter()
+        vecs = embedder.embed(texts)
+        t_cold = time.perf_counter() - t
+        t = time.perf_counter()
+        vecs = embedder.embed(texts)
+        t_cached = time.perf_counter() - t
+        ee = EmbeddedEntities(tuple(ents), vecs, embedder.identity)
+        t = time.perf_counter()
+        res = store.lookup(ee, FINGERPRINT, SHAPE, threshold)
+        t_look = time.perf_counter() - t
+        st["extract"].append(t_ext)
+        st["embed_cold"].append(t_cold)
+        st["embed_cached"].append(t_cached)
+        st["store_lookup"].append(t_look)
+        st["s_index"].append(res.timings.get("index", 0.0))
+        st["s_select"].append(res.timings.get("select", 0.0))
+        if "load" in res.timings:
+            st["s_load"].append(res.timings["load"])
+        st["whole_cold"].append(t_ext + t_cold + t_look)
+        st["whole_cached"].append(t_ext + t_cached + t_look)
+        st["noext_cold"].append(t_cold + t_look)
+        st["noext_cached"].append(t_cached + t_look)
+        if res.hit:
+            hits += 1
+            t = time.perf_counter()
+            store.load_latents(res.entry.id)
+            st["load_latents"].append(time.perf_counter() - t)
+        else:
+            st["lookup_miss"].append(t_look)
+        order = (hnsw, exact) if qi % 2 else (exact, hnsw)
+        for ix in order:
+            t = time.perf_counter()
+            labs, sims = ix.query(vecs, k)
+            (st["q_hnsw"] if ix is hnsw else st["q_exact"]).append(time.perf_counter() - t)
+        matched = {int(lab) for lab, sim in zip(labs.ravel(), sims.ravel()) if lab >= 0 and sim >= threshold}
+        select_by_postings.append((sum(posting_counts.get(m, 0) for m in matched), st["s_select"][-1]))
+        q_rows.append(vecs)
+        if (qi + 1) % max(len(qprompts) // 5, 1) == 0:
+            log(f"  {qi + 1}/{len(qprompts)} lookups")
+    peaks.append(("after the lookups", peak_rss()))
+
+    # --- recall of hnsw against exact, per search width: query entity vectors of the prompts + stored vectors
+    rng = np.random.default_rng(args.seed)
+    extra_q = stored_vecs[rng.choice(len(stored_vecs), size=min(1000, len(stored_vecs)), replace=False)]
+    allq = np.concatenate(q_rows + [extra_q]) if q_rows else extra_q
+    el, es = chunked_query(exact, allq, k)
+    base_ef = hnsw.ef
+    sweep = []
+    log(f"hnsw sweep over ef {args.efs} ({len(allq)} query vectors)")
+    for ef in sorted(set(args.efs) | {base_ef}):
+        hnsw.ef = ef
+        times = []
+        for vecs in q_rows:
+            t = time.perf_counter()
+            hnsw.query(vecs, k)
+            times.append(time.perf_counter() - t)
+        hl, _ = chunked_query(hnsw, allq, k)
+        above = [(set(a[a >= 0].tolist()), set(b[(b >= 0) & (s >= threshold)].tolist())) for a, b, s in zip(hl, el, es)]
+        n_above = sum(len(b) for _, b in above)
+        sweep.append({"ef": ef, "recall_k": recall_at(hl, el), "recall_1": float(np.mean(hl[:, 0] == el[:, 0])),
+                      "recall_thr": sum(len(a & b) for a, b in above) / max(n_above, 1), "n_above": n_above,
+                      "p50": ms_pct(times, 50), "p99": ms_pct(times, 99)})
+    hnsw.ef = base_ef
+    base = next(r for r in sweep if r["ef"] == base_ef)
+    recall_k = base["recall_k"]
+    peaks.append(("after the recall sweep", peak_rss()))
+
+    # --- memory: this process, and a fresh process that only opens the store and looks up
+    rss_here, peak_here = rss_now(), peak_rss()
+    store.close()
+    qfile = root.parent / (root.name + "-q.npy")
+    np.save(qfile, allq[:200])
+    fresh: dict = {}
+    try:
+        out = subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(REPO), str(root), str(budget), str(qfile),
+                              embedder.identity, FINGERPRINT, json.dumps(list(SHAPE))],
+                             capture_output=True, text=True, timeout=600, check=True)
+        fresh = json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        log(f"fresh-process measurement failed: {exc}")
+    finally:
+        qfile.unlink(missing_ok=True)
+    if not args.keep_dir and args.reuse is None:
+        shutil.rmtree(root, ignore_errors=True)
+    total_wall = time.perf_counter() - t_start
+
+    # ------------------------------------------------------------------------------------------ report
+    def row(name: str, key: str, note: str = "") -> list:
+        ts = st[key]
+        return [name, len(ts), f"{ms_pct(ts, 50):.3f}", f"{ms_pct(ts, 99):.3f}", f"{ms_mean(ts):.3f}",
+                f"{max(ts) * 1e3:.2f}" if len(ts) else "nan", note]
+
+    def irow(name: str, ts: list[float], note: str = "") -> list:
+        return [name, len(ts), f"{ms_pct(ts, 50):.2f}", f"{ms_pct(ts, 99):.2f}", f"{ms_mean(ts):.2f}",
+                f"{max(ts) * 1e3:.1f}" if ts else "nan", note]
+
+    print()
+    print(f"store scale benchmark: {stats.entries} entries, {stats.entities} distinct entities "
+          f"(index {stats.index_backend}, dim {embedder.dim}), latents {SHAPE} x{len(LATENT_NAMES)}, "
+          f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, load avg "
+          f"{os.getloadavg()[0]:.1f}" + (f", reused folder {root}" if args.reuse else ""))
+    print(f"queries: {len(qprompts)} shuffled VBench prompts ({empty} without entities skipped), "
+          f"{hits} hits at threshold {threshold:.2f}; total wall time {total_wall / 60:.1f} min\n")
+    print("insert latency (ms)")
+    ins_rows = []
+    if args.reuse is None:
+        ins_rows += [
+            irow("first inserts, fsync", ins_fsync_start, f"store 0..{probe}"),
+            irow("first inserts, no fsync", ins_nofsync_start, f"store {probe}..{2 * probe}"),
+            irow("bulk fill", ins_bulk, f"{'no fsync' if patch else 'fsync'}, "
+                 f"{len(ins_bulk) / max(t_fill, 1e-9):.0f}/s, {t_fill / 60:.1f} min"),
+        ]
+    ins_rows.append(irow("at full size, fsync", ins_fsync_end, f"last {len(ins_fsync_end)} inserts"))
+    print(table(["phase", "n", "p50", "p99", "mean", "max", "note"], ins_rows, "lrrrrrl"))
+    print(f"budget check in insert (SELECT SUM(nbytes) FROM entries) at {stats.entries} entries: "
+          f"{t_budget_check * 1e3:.2f} ms per insert")
+    print("\nlookup latency per stage (ms), per prompt")
+    print(table(["stage", "n", "p50", "p99", "mean", "max", "note"], [
+        row("extraction (spaCy)", "extract", "pipeline loaded"),
+        row("embedding, cold", "embed_cold", "MiniLM, phrase cache cleared"),
+        row("embedding, cached", "embed_cached", "MiniLM phrase cache"),
+        row("store: index stage", "s_index", "meta + index sync + query"),
+        row("store: selection", "s_select", "SQL aggregation over postings"),
+        row("store: latent load", "s_load", "read + checksum + touch (hits)"),
+        row("store.lookup total", "store_lookup", "vectors given"),
+        row("  of which misses", "lookup_miss", ""),
+        row("load_latents()", "load_latents", "separate call, hits"),
+        row("index query, hnsw", "q_hnsw", f"VectorIndex.query, k={k}, ef={base_ef}, {hnsw_note}"),
+        row("index query, exact", "q_exact", "numpy over the same vectors"),
+        row("whole lookup, cold embed", "whole_cold", "extract + embed + store.lookup"),
+        row("whole lookup, cached embed", "whole_cached", ""),
+        row("no extraction, cold embed", "noext_cold", "embed + store.lookup"),
+        row("no extraction, cached embed", "noext_cached", ""),
+    ], "lrrrrrl"))
+    buckets = [(0, 100), (100, 1_000), (1_000, 10_000), (10_000, 10**12)]
+    brows = []
+    for lo, hi in buckets:
+        ts = [sel for n_post, sel in select_by_postings if lo <= n_post < hi]
+        if ts:
+            brows.append([f"{lo}..{hi if hi < 10**12 else ''}", len(ts), f"{ms_pct(ts, 50):.2f}",
+                          f"{ms_pct(ts, 99):.2f}"])
+    print("\nselection time by postings behind the matched entities (k nearest at >= threshold)")
+    print(table(["postings", "lookups", "p50 ms", "p99 ms"], brows))
+    h50, h99, e50, e99 = (ms_pct(st["q_hnsw"], 50), ms_pct(st["q_hnsw"], 99),
+                          ms_pct(st["q_exact"], 50), ms_pct(st["q_exact"], 99))
+    print(f"\nexact / hnsw query time: p50 {e50 / h50:.1f}x, p99 {e99 / h99:.1f}x (exact index built in "
+          f"{t_exact_build:.2f} s); hnsw M={hnsw.M}")
+    print(f"hnsw against exact over {len(allq)} query vectors (the prompts' entity vectors + 1000 stored ones); "
+          f"latency over the {len(q_rows)} per-prompt queries")
+    print(table(["ef", f"recall@{k}", "recall@1", f"recall (cos >= {threshold:.2f})", "p50 ms", "p99 ms"],
+                [[f"{r['ef']}{' *' if r['ef'] == base_ef else ''}", f"{r['recall_k']:.4f}", f"{r['recall_1']:.4f}",
+                  f"{r['recall_thr']:.4f} of {r['n_above']}", f"{r['p50']:.3f}", f"{r['p99']:.3f}"]
+                 for r in sweep]))
+    print("\nsizes and memory")
+    print(table(["item", "value"], [
+        ["index file", f"{idx_bytes / 1e6:.1f} MB"],
+        ["manifest (sqlite + wal)", f"{man_bytes / 1e6:.1f} MB"],
+        ["latent files", f"{lat_files} files, {lat_bytes / 1e6:.1f} MB"],
+        ["close (index save)", f"{t_close:.2f} s"],
+        ["reopen", f"{t_reopen:.2f} s ({'index rebuilt' if rebuilt else 'index loaded from disk'})"],
+        ["RSS now / peak, this process", f"{rss_here / 1e9:.2f} / {peak_here / 1e9:.2f} GB (spaCy, MiniLM, "
+                                         f"{pool_size} phrase vectors, an exact copy of the index)"],
+    ] + [[f"  peak {name}", f"{value / 1e9:.2f} GB"] for name, value in peaks] + [
+        ["fresh process: import / open", f"{fresh.get('import_s', float('nan')):.2f} s / "
+                                          f"{fresh.get('open_s', float('nan')):.2f} s"],
+        ["fresh process peak RSS", f"{fresh.get('peak_rss', float('nan')) / 1e9:.2f} GB (store + torch, "
+                                   f"{fresh.get('hits', '?')} hits of 200 lookups)"],
+    ], "ll"))
+
+    def verdict(ok: bool) -> str:
+        return "ok" if ok else "MISSED"
+
+    whole50, whole99 = ms_pct(st["whole_cold"], 50), ms_pct(st["whole_cold"], 99)
+    noext50 = ms_pct(st["noext_cached"], 50)
+    noext50_cold = ms_pct(st["noext_cold"], 50)
+    rss_gb = max(peak_here, 0) / 1e9
+    fresh_gb = fresh.get("peak_rss", float("nan")) / 1e9
+    print("\ntargets")
+    print(table(["target", "goal", "measured", ""], [
+        ["index query p99 (hnsw)", f"<= {TARGETS['index_p99_ms']} ms", f"{h99:.3f} ms (p50 {h50:.3f})",
+         verdict(h99 <= TARGETS["index_p99_ms"])],
+        [f"hnsw recall@{k}", f">= {TARGETS['recall']}", f"{recall_k:.4f} at ef={base_ef}",
+         verdict(recall_k >= TARGETS["recall"])],
+        ["whole lookup p50 (cold embed)", f"<= {TARGETS['whole_p50_ms']} ms", f"{whole50:.2f} ms",
+         verdict(whole50 <= TARGETS["whole_p50_ms"])],
+        ["whole lookup p99 (cold embed)", f"<= {TARGETS['whole_p99_ms']} ms", f"{whole99:.2f} ms",
+         verdict(whole99 <= TARGETS["whole_p99_ms"])],
+        ["lookup p50 without extraction", f"<= {TARGETS['noextract_p50_ms']} ms",
+         f"{noext50:.2f} ms cached / {noext50_cold:.2f} ms cold embed",
+         verdict(noext50 <= TARGETS["noextract_p50_ms"])],
+        ["reopen", f"<= {TARGETS['reopen_s']} s", f"{t_reopen:.2f} s", verdict(t_reopen <= TARGETS["reopen_s"])],
+        ["peak RSS, store process", f"<= {TARGETS['rss_gb']} GB", f"{fresh_gb:.2f} GB (this bench {rss_gb:.2f})",
+         verdict(fresh_gb <= TARGETS["rss_gb"])],
+    ], "llll"))
+
+
+if __name__ == "__main__":
+    main()
