@@ -84,6 +84,7 @@ class ModelAdapter(ABC):
 # family -> "relative.module:ClassName"; adapters load on first use so importing the registry stays cheap.
 _BUILTIN: dict[str, str] = {
     "stdit3": ".stdit3:STDiT3Adapter",
+    "wan": ".wan:WanAdapter",
 }
 _LOADED: dict[str, type[ModelAdapter]] = {}
 
