@@ -8,7 +8,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # Modules that define nodes, each exporting NODES (a list of io.ComfyNode classes), in menu order.
-_NODE_MODULES = ("cache_nodes", "opensora_nodes", "opensora_vae_nodes")
+_NODE_MODULES = ("cache_nodes", "chai_nodes", "opensora_nodes", "opensora_vae_nodes")
 
 
 def node_list() -> list[type]:

@@ -2,7 +2,8 @@
 
 The donor latent takes the live latent's path into block 0: patch embedding plus the position table
 (`embed_video`, same nominal height/width), then block 0's norm1 and adaLN modulation with the current step's
-t_mlp (`modulated_attn_input`), then the K/V rows of block 0's fused qkv projection and its k-norm (`kv_heads`).
+t_mlp (`modulated_attn_input`), then block 0's own fused qkv projection (called as a module, so that ComfyUI's
+comfy.ops layers apply LoRA-style weight patches and casts under partial loading) and its k-norm.
 Spatial attention runs per frame, so the donor is laid out per frame too: live frame i attends to donor frame i.
 Nothing before block 0's attention depends on the text, so the donor K/V are computed once per step and shared
 by the CFG halves and by split cond/uncond calls.
@@ -67,7 +68,8 @@ class STDiT3Adapter(ModelAdapter):
         """Donor [C, T, H, W] or [Bd, C, T, H, W] -> block 0's modulated input [Bd, T*S, C] at the step's t_mlp."""
         model, call = self.model, context.call
         z = donor[None] if donor.dim() == 4 else donor
-        z = z.to(device=model.device)
+        # The live call's device, not the weights': under ComfyUI's partial offload they may differ.
+        z = z.to(device=call.x_mod.device)
         grid = model.patch_grid(*z.shape[2:])
         if grid[0] != call.T or grid[1] * grid[2] != call.S:
             raise ValueError(f"donor latent {tuple(z.shape)} gives a {grid[0]}x{grid[1] * grid[2]} token grid, the "
@@ -82,10 +84,13 @@ class STDiT3Adapter(ModelAdapter):
         return self.first_block().modulated_attn_input(tokens, t_mlp.to(tokens.dtype))
 
     def donor_kv(self, donor: Tensor, context: STDiT3Context) -> tuple[Tensor, Tensor]:
-        """Donor K/V [(Bd*T), heads, S, head_dim]: per-frame layout, block 0's K/V projection and k-norm."""
+        """Donor K/V [(Bd*T), heads, S, head_dim]: per-frame layout, block 0's qkv projection and k-norm."""
         block, call = self.first_block(), context.call
         h = block.to_attn_layout(self.donor_tokens(donor, context), call.T, call.S)
-        return block.attn.kv_heads(h)
+        # qkv_heads calls the `qkv` module exactly as the live block does; `kv_heads` would read qkv.weight
+        # directly and miss weight patches that comfy.ops applies only when the layer is called.
+        _, k, v = block.attn.qkv_heads(h)
+        return k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: Any = None) -> Tensor:
         """`spatial_blocks[0].attn.attend` (softmax attention, heads merged, output projection)."""
@@ -147,6 +152,14 @@ class STDiT3Adapter(ModelAdapter):
             return self.replace_fn(active, layout, sigma)(call)
 
         return replace
+
+    def comfy_install(self, patcher: Any, run_key: str = RUN_KEY) -> None:
+        """Replace block 0's spatial self-attention on a ModelPatcher clone (patches_replace["dit"]).
+
+        The patch reads the run from transformer_options[run_key] on every call and attends as usual without one,
+        so the clone itself holds no per-run state.
+        """
+        patcher.set_model_patch_replace(self.options_replace_fn(run_key=run_key), "dit", *self.PATCH_KEY)
 
     def check_run(self, run: CacheAttentionRun) -> None:
         """Donor latents must be 4-D or 5-D STDiT3 latents with the model's channel count."""

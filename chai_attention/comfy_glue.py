@@ -1,0 +1,441 @@
+"""CHAI inside ComfyUI: sample with or without Cache Attention on a ModelPatcher clone, fingerprints, text encoders.
+
+The only module of chai_attention that touches ComfyUI, and only inside functions (importing it needs no ComfyUI).
+
+Where state lives. The input MODEL is never modified: sampling runs on `model.clone()`. On a hit the model's
+adapter installs its Cache Attention patch on that clone through ComfyUI's public hooks
+(`ModelAdapter.comfy_install`), and the run (`CacheAttentionRun`: schedule, donors, firing record) is placed in
+the clone's `model_options["transformer_options"][RUN_KEY]`, from where ComfyUI hands it to every model call.
+On a miss the donor latents are captured by an APPLY_MODEL wrapper on the clone (see `ModelInputCapture`). In a
+`finally` the run is released and removed from the clone's options, the capture wrapper is removed, and any
+object patch the adapter added is undone on the shared model at once (ComfyUI would only undo it when another
+patcher of that model loads), so nothing stays patched after an exception or an interrupt either.
+
+Supported samplers: any ComfyUI sampler. Cache Attention runs at a model evaluation exactly when its sigma is a
+cache step's sigma (see `steps`): euler, euler_ancestral, dpmpp_2m, uni_pc, ddim, lcm ... evaluate once per step at
+the step's sigma; heun's corrector evaluates at the next step's sigma and counts as that step; the midpoints of
+dpm_2, dpmpp_2s_ancestral, dpmpp_sde never fire. The report says which cache steps fired, and a configured step
+that never fired is logged as a warning.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from .adapters.base import get_adapter
+from .config import ChaiConfig
+from .donors import DonorCapture
+from .fingerprint import model_fingerprint
+from .payloads import FAST, FULL, CacheHit, SampleTrace
+from .pipeline import ChaiReport
+from .run import COND, CacheAttentionRun
+from .steps import CapturePlan, as_sigmas, match_step, plan_for_config
+
+log = logging.getLogger(__name__)
+
+RUN_KEY = "chai_run"  # transformer_options key of the current CacheAttentionRun
+CAPTURE_KEY = "chai_capture"  # wrapper key of the donor capture on a miss
+SAMPLE_ELEMENTS = 256  # elements read from each weight tensor for the weights digest
+
+Schedule = Callable[[int], Tensor]
+
+
+class SharedRun(CacheAttentionRun):
+    """A CacheAttentionRun that copies of the model options share instead of duplicating.
+
+    ModelPatcher.clone() deep-copies model_options; a copy of the run would record firings nobody reads and
+    duplicate the donor latents.
+    """
+
+    def __copy__(self) -> "SharedRun":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "SharedRun":
+        return self
+
+
+# ---------------------------------------------------------------------------------------------------- fingerprints
+
+_BIT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _sample_bytes(t: Tensor, elements: int = SAMPLE_ELEMENTS) -> bytes:
+    """Shape, dtype and the raw bits of up to `elements` evenly spaced values of a tensor, as bytes."""
+    head = f"{tuple(t.shape)}|{t.dtype}|".encode()
+    bits = _BIT_VIEWS.get(t.element_size())
+    if t.is_meta or t.numel() == 0 or bits is None:
+        return head
+    flat = t.detach().reshape(-1)
+    if flat.dtype != bits:
+        flat = flat.view(bits)  # raw bits: exact for every dtype, fp8 included
+    n = flat.numel()
+    idx = torch.linspace(0, n - 1, steps=min(n, elements), device=flat.device).round().long()
+    return head + flat[idx].cpu().numpy().tobytes()
+
+
+def _digest(value: Any, h: "hashlib._Hash", depth: int = 0) -> None:
+    """Feed a patch value (tensors, nested tuples, adapter objects) into a hash."""
+    if depth > 8:
+        h.update(b"<deep>")
+    elif isinstance(value, Tensor):
+        h.update(_sample_bytes(value))
+    elif isinstance(value, (list, tuple)):
+        h.update(f"[{len(value)}".encode())
+        for item in value:
+            _digest(item, h, depth + 1)
+    elif isinstance(value, Mapping):
+        for key in sorted(value, key=str):
+            h.update(str(key).encode())
+            _digest(value[key], h, depth + 1)
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        h.update(repr(value).encode())
+    else:  # e.g. a comfy.weight_adapter LoRA object: its class and its tensors
+        h.update(type(value).__name__.encode())
+        weights = getattr(value, "weights", None)
+        if weights is not None:
+            _digest(weights, h, depth + 1)
+
+
+def original_weights_digest(module: torch.nn.Module, backup: Mapping[str, Any] | None = None,
+                            prefix: str = "") -> str:
+    """sha256 over every tensor's name, shape, dtype and a sample of its values, as loaded from disk.
+
+    `backup` is a ModelPatcher's backup of weights it patched in place (keys with `prefix`): those originals are
+    read instead, so a loaded LoRA never leaks into the digest.
+    """
+    h = hashlib.sha256()
+    backup = backup or {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        saved = backup.get(prefix + name)
+        if saved is not None:
+            tensor = getattr(saved, "weight", saved)
+        h.update(name.encode())
+        h.update(_sample_bytes(tensor))
+    return h.hexdigest()
+
+
+_WEIGHT_DIGESTS: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
+_DIGEST_LOCK = threading.Lock()
+
+
+def _base_digest(patcher: Any, module: torch.nn.Module, prefix: str) -> str:
+    """original_weights_digest memoised per module (weights are only ever patched through the backups)."""
+    with _DIGEST_LOCK:
+        found = _WEIGHT_DIGESTS.get(module)
+    if found is None:
+        found = original_weights_digest(module, getattr(patcher, "backup", None), prefix)
+        with _DIGEST_LOCK:
+            _WEIGHT_DIGESTS[module] = found
+    return found
+
+
+def patches_digest(patcher: Any) -> str:
+    """sha256 over a ModelPatcher's weight patches: keys, strengths, offsets, functions and patch tensors."""
+    h = hashlib.sha256()
+    patches = getattr(patcher, "patches", None) or {}
+    for key in sorted(patches):
+        h.update(key.encode())
+        for patch in patches[key]:
+            strength, value = patch[0], patch[1]
+            rest = patch[2:]
+            h.update(repr((strength, *[getattr(r, "__name__", r) for r in rest])).encode())
+            _digest(value, h)
+    return h.hexdigest()
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def comfy_model_fingerprint(model: Any) -> str:
+    """Fingerprint of a ComfyUI MODEL: architecture, original weights, LoRA-style patches and strengths, dtype.
+
+    The weights are identified by a digest of their names, shapes, dtypes and a sample of every tensor's values
+    (a ModelPatcher does not know which file it came from; two files with the same tensors are the same model).
+    """
+    base = model.model
+    net = base.diffusion_model
+    weights = _base_digest(model, net, "diffusion_model.")
+    config = getattr(getattr(base, "model_config", None), "unet_config", None)
+    extra = {
+        "base_model": type(base).__name__,
+        "unet_config": {k: _jsonable(v) for k, v in (config or {}).items()},
+        "patches": patches_digest(model) if getattr(model, "patches", None) else "",
+        "compute_dtype": str(getattr(base, "manual_cast_dtype", None) or model.model_dtype()),
+    }
+    return model_fingerprint(net, weights_id=f"sampled:{weights[:24]}", dtype=model.model_dtype(), extra=extra)
+
+
+# ---------------------------------------------------------------------------------------------- text encoders
+
+def _phrase_vector(clip: Any, phrase: str) -> Tensor:
+    """One vector per phrase: the encoder's pooled output, else the mean of its (masked) token features."""
+    out = clip.encode_from_tokens(clip.tokenize(phrase), return_pooled=True, return_dict=True)
+    pooled = out.get("pooled_output")
+    if isinstance(pooled, Tensor) and pooled.numel():
+        return pooled.reshape(pooled.shape[0], -1)[0].float().cpu()
+    cond = out["cond"][0].float()
+    mask = out.get("attention_mask")
+    if isinstance(mask, Tensor) and mask.shape[-1] == cond.shape[0]:
+        weights = mask.reshape(-1, cond.shape[0])[0].to(cond)
+        return ((cond * weights[:, None]).sum(0) / weights.sum().clamp_min(1.0)).cpu()
+    return cond.mean(0).cpu()
+
+
+def text_encoder_name(clip: Any) -> str:
+    """Embedder name for a ComfyUI CLIP: its encoder class and a digest of its original weights and patches, so
+    a cache never mixes vectors of two encoders (or of one encoder with and without a LoRA)."""
+    encoder = clip.cond_stage_model
+    patcher = getattr(clip, "patcher", None)
+    digest = hashlib.sha256(_base_digest(patcher, encoder, "").encode())
+    digest.update(patches_digest(patcher).encode())
+    return f"text-encoder:{type(encoder).__name__}@{digest.hexdigest()[:12]}"
+
+
+def encode_phrases(clip: Any, phrases: Sequence[str]) -> Tensor:
+    """[len(phrases), dim] float32 CPU vectors of entity phrases from a ComfyUI CLIP (one encoder call each)."""
+    return torch.stack([_phrase_vector(clip, p) for p in phrases])
+
+
+# ---------------------------------------------------------------------------------------------- latents, schedules
+
+def prepared_latent(model: Any, latent: Mapping[str, Any]) -> Tensor:
+    """The LATENT's samples as the sampler will see them (empty latents widened to the model's channels)."""
+    import comfy.sample
+
+    return comfy.sample.fix_empty_latent_channels(model, latent["samples"])
+
+
+def latent_shape(model: Any, latent: Mapping[str, Any]) -> tuple[int, ...]:
+    """Shape of the latent the sampler will run on (what cache entries are keyed by)."""
+    return tuple(prepared_latent(model, latent).shape)
+
+
+def comfy_schedule(model: Any, sampler_name: str, scheduler: str) -> Schedule:
+    """steps -> the sigmas ComfyUI's KSampler would use (including its penultimate-sigma rule), on the CPU."""
+    import comfy.samplers
+
+    schedulers, samplers = comfy.samplers.KSampler.SCHEDULERS, comfy.samplers.KSampler.SAMPLERS
+    if scheduler not in schedulers:  # KSampler itself would silently fall back to its first choice
+        raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(schedulers)}")
+    if sampler_name not in samplers:
+        raise ValueError(f"unknown sampler {sampler_name!r}; choose one of {', '.join(samplers)}")
+
+    def sigmas(steps: int) -> Tensor:
+        ks = comfy.samplers.KSampler(model, steps=steps, device="cpu", sampler=sampler_name, scheduler=scheduler,
+                                     denoise=1.0, model_options=model.model_options)
+        return ks.sigmas.detach().to("cpu", torch.float32)
+
+    return sigmas
+
+
+# ---------------------------------------------------------------------------------------------- donor capture
+
+class ModelInputCapture(DonorCapture):
+    """A miss's donor capture: an APPLY_MODEL wrapper that keeps the latent the model is evaluated on at each
+    planned sigma of the full schedule (the last such evaluation of a step: for heun that is the step's own
+    latent, not the previous step's corrector guess).
+
+    It reads the model input rather than the sampler callback's x, which some samplers (uni_pc) keep in another
+    scaling. Latents are copied to the CPU in float32, cond chunk only.
+    """
+
+    def __init__(self, plan: CapturePlan, full_sigmas: Sequence[float], shape: Sequence[int]) -> None:
+        super().__init__(plan, device="cpu")
+        self.full_sigmas = tuple(float(s) for s in full_sigmas)
+        self.shape = tuple(shape)
+        self.skipped: list[str] = []
+
+    def observe(self, step: int, x: Tensor, sigma: float) -> None:
+        """Record x for a planned step, replacing an earlier evaluation at the same sigma."""
+        if step in self.plan.indices:
+            self._kept.pop(step, None)
+        super().observe(step, x, sigma)
+
+    def _chunk(self, x: Tensor, cond_or_uncond: Sequence[int] | None) -> Tensor | None:
+        chunks = list(cond_or_uncond or [COND])
+        if x.shape[0] % len(chunks):
+            return None
+        rows = x.shape[0] // len(chunks)
+        at = chunks.index(COND) if COND in chunks else 0
+        part = x[at * rows:(at + 1) * rows]
+        return part if tuple(part.shape) == self.shape else None
+
+    def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        """APPLY_MODEL wrapper: (x, t, c_concat, c_crossattn, control, transformer_options, ...)."""
+        x, t = args[0], args[1]
+        options = args[5] if len(args) > 5 else kwargs.get("transformer_options") or {}
+        sigma = float(t.reshape(-1)[0].item()) if isinstance(t, Tensor) else float(t)
+        step = match_step(sigma, self.full_sigmas)
+        if step is not None and step in self.plan.indices:
+            part = self._chunk(x, options.get("cond_or_uncond"))
+            if part is None:
+                self.skipped.append(f"step {step + 1}: model input {tuple(x.shape)} is not the latent {self.shape}")
+            else:
+                self.observe(step, part, self.full_sigmas[step])
+        return executor(*args, **kwargs)
+
+    def problem(self) -> str:
+        """Why the capture is incomplete ('' when it is complete)."""
+        if not self.missing:
+            return ""
+        steps = ", ".join(str(i + 1) for i in self.missing if i >= 0)
+        detail = f" ({'; '.join(self.skipped[:3])})" if self.skipped else ""
+        return (f"the sampler never evaluated the model at the planned sigmas of full-schedule steps {steps}"
+                f"{detail}; nothing to store")
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+def _restore_object_patches(clone: Any, keys: set[str]) -> None:
+    """Undo object patches that the adapter added to the clone, on the shared model, right now."""
+    if not keys:
+        return
+    import comfy.utils
+
+    backup = getattr(clone, "object_patches_backup", {})
+    for key in keys:
+        if key in backup:
+            comfy.utils.set_attr(clone.model, key, backup.pop(key))
+
+
+def _report_for(hit: CacheHit | None, config: ChaiConfig) -> ChaiReport:
+    report = ChaiReport(prompt=hit.prompt if hit else "", mode=FULL, steps=config.full_steps)
+    if hit is None:
+        report.lookup = "no CHAI_HIT connected: full schedule, donor latents captured"
+        report.reason = "no lookup"
+        return report
+    report.entities = hit.entities
+    report.lookup = hit.report
+    report.reason = hit.reason
+    if hit.hit:
+        report.matches = hit.matches
+        report.donor_prompt, report.donor_entry = hit.donor_prompt, hit.entry_id
+    return report
+
+
+def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, Any], *, seed: int, cfg: float,
+                sampler_name: str, scheduler: str, config: ChaiConfig, schedule: Schedule,
+                hit: CacheHit | None = None) -> tuple[dict[str, Any], SampleTrace]:
+    """Sample a LATENT as ComfyUI's KSampler does: fast with Cache Attention on a usable hit, else full with capture.
+
+    schedule(steps) gives the sigmas (e.g. `comfy_schedule`); scheduler is only its label for reports. Returns the
+    output LATENT (a copy of the input dict with new samples) and the trace for CHAI_CacheWrite.
+    """
+    import comfy.model_management
+    import comfy.patcher_extension
+    import comfy.sample
+    import comfy.samplers
+    import comfy.utils
+    import latent_preview
+
+    start = time.perf_counter()
+    comfy.model_management.throw_exception_if_processing_interrupted()
+    adapter = get_adapter(model)  # an unsupported model fails here, before any sampling, naming the supported ones
+    fingerprint = comfy_model_fingerprint(model)
+    samples = prepared_latent(model, latent)
+    shape = tuple(samples.shape)
+    fast_sigmas = schedule(config.fast_steps)
+    fast = as_sigmas(fast_sigmas)
+    report = _report_for(hit, config)
+
+    run: SharedRun | None = None
+    if hit is not None:
+        why = hit.unusable_reason(fingerprint, shape)
+        if why is None:
+            run = SharedRun(config, fast, hit.donors)
+            try:
+                adapter.check_run(run)
+            except ValueError as exc:
+                run, why = None, str(exc)
+        if why is not None and hit.hit:
+            report.reason = f"the cached entry could not be used ({why}); sampling the full schedule"
+            report.lookup += f" (unusable: {why})"
+
+    capture: ModelInputCapture | None = None
+    if run is not None:
+        sigmas_t, sigmas = fast_sigmas, fast
+        report.mode, report.steps, report.cache_steps = FAST, config.fast_steps, config.cache_steps
+    else:
+        sigmas_t = schedule(config.full_steps)
+        sigmas = as_sigmas(sigmas_t)
+        capture = ModelInputCapture(plan_for_config(sigmas, fast, config), sigmas, shape)
+
+    noise = comfy.sample.prepare_noise(samples, seed, latent.get("batch_index"))
+    clone = model.clone()
+    added: set[str] = set()
+    if run is not None:
+        before = set(clone.object_patches)
+        adapter.comfy_install(clone, run_key=RUN_KEY)
+        added = set(clone.object_patches) - before
+        # After the install: set_model_patch_replace replaces the transformer_options dict.
+        clone.model_options.setdefault("transformer_options", {})[RUN_KEY] = run
+    else:
+        clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY, capture)
+
+    preview = latent_preview.prepare_callback(clone, len(sigmas) - 1)
+
+    def callback(step: int, x0: Tensor, x: Tensor, total_steps: int) -> None:
+        # The progress hook checks too, but only when a server installed it; this works in every host.
+        comfy.model_management.throw_exception_if_processing_interrupted()
+        preview(step, x0, x, total_steps)
+
+    setup = time.perf_counter()
+    try:
+        out = comfy.sample.sample_custom(
+            clone, noise, cfg, comfy.samplers.sampler_object(sampler_name), sigmas_t, positive, negative, samples,
+            noise_mask=latent.get("noise_mask"), callback=callback,
+            disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+    finally:
+        if run is not None:
+            run.release()
+        clone.model_options.get("transformer_options", {}).pop(RUN_KEY, None)
+        clone.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY)
+        _restore_object_patches(clone, added)
+    done = time.perf_counter()
+    report.timings = {"setup": setup - start, "sample": done - setup}
+
+    donors, problem = None, ""
+    if capture is not None:
+        problem = capture.problem()
+        donors = None if problem else capture.donors()
+        sig = ", ".join(f"{s:.4f}" for s in (donors.sigmas if donors else ()))
+        report.attention = (f"captured {len(donors)} donor latents at sigmas {sig}" if donors
+                            else f"capture incomplete: {problem}")
+    else:
+        report.fired_steps = run.fired_steps
+        report.attention = run.summary()
+        if set(run.fired_steps) != set(config.cache_steps):
+            log.warning("[CHAI] %s", report.attention)
+    report.timings["total"] = time.perf_counter() - start
+    out_latent = dict(latent)
+    out_latent["samples"] = out
+    trace = SampleTrace(
+        mode=report.mode, fingerprint=fingerprint, shape=shape, config=config, sampler_name=sampler_name,
+        scheduler=scheduler, sigmas=sigmas, report=report, donors=donors, capture_problem=problem,
+        donor_entry=hit.entry_id if run is not None else None,
+        donor_cache=hit.cache_root if run is not None else None,
+        fired_steps=run.fired_steps if run is not None else (),
+        firings=tuple(run.firings) if run is not None else ())
+    log.info("[CHAI] %s run: %d steps in %.2f s (%s)", report.mode, report.steps, report.timings["sample"],
+             report.attention)
+    return out_latent, trace
+
+
+__all__ = [
+    "RUN_KEY", "CAPTURE_KEY", "SharedRun", "original_weights_digest", "patches_digest", "comfy_model_fingerprint",
+    "text_encoder_name", "encode_phrases", "prepared_latent", "latent_shape", "comfy_schedule", "ModelInputCapture",
+    "chai_sample",
+]

@@ -1,0 +1,383 @@
+"""The CHAI request nodes: entity extraction, cache lookup, the CHAI sampler, cache write, and a prompt list.
+
+Data between them (CHAI_ENTITIES, CHAI_HIT, CHAI_TRACE) is defined in chai_attention.payloads; the sampling
+itself lives in chai_attention.comfy_glue. Entities are embedded lazily by the lookup and write nodes with the
+cache's embedder, or with the workflow's text encoder when a CLIP is connected to the extract node (its
+identity names the encoder's weights, so one cache never mixes two embedders).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from typing import Any
+
+import comfy.samplers
+from comfy_api.latest import io, ui
+
+from .cache_nodes import CHAI_CACHE
+from .errors import ChaiNodeError, user_errors
+
+log = logging.getLogger(__name__)
+
+CATEGORY = "CHAI"
+CHAI_ENTITIES = io.Custom("CHAI_ENTITIES")
+CHAI_HIT = io.Custom("CHAI_HIT")
+CHAI_TRACE = io.Custom("CHAI_TRACE")
+
+OPENSORA_SCHEDULER = "opensora"
+SAMPLERS = list(comfy.samplers.KSampler.SAMPLERS)
+SCHEDULERS = [*comfy.samplers.KSampler.SCHEDULERS, OPENSORA_SCHEDULER]
+KV_MODES = ["replace", "concat"]
+APPLY_TO = ["cond", "both"]
+# Provisional threshold for the workflow's own text encoder (pooled or mean-pooled features). Unlike MiniLM's
+# 0.70 it is not calibrated: set the lookup's threshold explicitly after checking a few reports.
+TEXT_ENCODER_THRESHOLD = 0.85
+MAX_STEPS = 1000
+
+_EXTRACTOR: Any = None
+_EXTRACTOR_LOCK = threading.Lock()
+_TEXT_EMBEDDERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+
+
+def shared_extractor() -> Any:
+    """The process-wide spaCy entity extractor (loaded on first use)."""
+    global _EXTRACTOR
+    with _EXTRACTOR_LOCK:
+        if _EXTRACTOR is None:
+            from ..cache_store.entities import EntityExtractor
+
+            _EXTRACTOR = EntityExtractor()
+        return _EXTRACTOR
+
+
+def text_encoder_embedder(clip: Any) -> Any:
+    """A FunctionEmbedder over the workflow's CLIP (memoised per CLIP object)."""
+    with _EXTRACTOR_LOCK:
+        found = _TEXT_EMBEDDERS.get(clip)
+    if found is not None:
+        return found
+    from ..cache_store.embedders.function import FunctionEmbedder
+    from ..chai_attention.comfy_glue import encode_phrases, text_encoder_name
+
+    dim = int(encode_phrases(clip, ["object"]).shape[-1])
+    embedder = FunctionEmbedder(text_encoder_name(clip), lambda phrases: encode_phrases(clip, phrases), dim,
+                                TEXT_ENCODER_THRESHOLD)
+    with _EXTRACTOR_LOCK:
+        _TEXT_EMBEDDERS[clip] = embedder
+    return embedder
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms"
+
+
+class EntityExtract(io.ComfyNode):
+    """Extract the entities (objects, scenes) of a prompt for the CHAI cache."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CHAI_EntityExtract",
+            display_name="CHAI Entity Extract",
+            category=CATEGORY,
+            description="Finds the entities of a prompt (noun phrases such as 'golden retriever', 'beach'; "
+                        "camera and style words are ignored) for CHAI Cache Lookup and Write.",
+            inputs=[
+                io.String.Input(
+                    "prompt", multiline=True, default="",
+                    tooltip="The same prompt the text encoder gets (feed both from one primitive string). Plain "
+                            "descriptive English works best; a prompt without entities is a valid miss."),
+                io.Clip.Input(
+                    "clip", optional=True,
+                    tooltip="Optional: embed entities with this text encoder instead of the cache's embedder "
+                            "(MiniLM, calibrated). Leave empty unless you want the workflow's own encoder; a cache "
+                            "keeps the embedder it was built with, and this one's threshold is uncalibrated "
+                            f"(auto = {TEXT_ENCODER_THRESHOLD})."),
+            ],
+            outputs=[
+                CHAI_ENTITIES.Output("entities", display_name="entities",
+                                     tooltip="The prompt and its entities; connect to CHAI Cache Lookup and Write."),
+                io.String.Output("entity_list", display_name="entity list",
+                                 tooltip="The entities found, comma-separated ('(none)' when there are none)."),
+            ],
+        )
+
+    @classmethod
+    def execute(cls, prompt: str, clip: Any = None) -> io.NodeOutput:
+        node = "CHAI Entity Extract"
+        with user_errors(node):
+            from ..chai_attention.payloads import PromptEntities
+
+            entities = tuple(shared_extractor().extract(prompt or ""))
+            embedder = text_encoder_embedder(clip) if clip is not None else None
+            result = PromptEntities(prompt or "", entities, embedder)
+        listing = result.listing()
+        return io.NodeOutput(result, listing, ui=ui.PreviewText(f"entities: {listing}"))
+
+
+class CacheLookup(io.ComfyNode):
+    """Find an earlier generation that shares an entity with this prompt (same model and latent shape)."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CHAI_CacheLookup",
+            display_name="CHAI Cache Lookup",
+            category=CATEGORY,
+            description="Looks the prompt's entities up in the cache. A hit needs an entity at or above the "
+                        "threshold, made by the same model (weights, LoRAs, dtype) at the same latent shape; the "
+                        "report names the matched entities, their similarity and the donor prompt, or why it "
+                        "missed. Re-runs whenever the cache changed.",
+            inputs=[
+                CHAI_CACHE.Input("cache", tooltip="The cache from a CHAI Cache node."),
+                CHAI_ENTITIES.Input("entities", tooltip="The prompt's entities from CHAI Entity Extract."),
+                io.Model.Input("model", tooltip="The MODEL the sampler uses (the same one, after any LoRA or "
+                                                "model-sampling node): only its own generations can serve as "
+                                                "donors."),
+                io.Latent.Input("latent", tooltip="The LATENT the sampler starts from; donors must have its shape."),
+                io.Float.Input(
+                    "threshold", default=0.0, min=0.0, max=1.0, step=0.01, round=0.001,
+                    tooltip="Cosine similarity an entity needs to match a cached one. 0 = auto: the embedder's "
+                            "calibrated value (MiniLM 0.70: same thing with another modifier, e.g. 'green vase' / "
+                            "'white vase', scores 0.7-0.9). Raise towards 0.85 for stricter, fewer hits."),
+            ],
+            outputs=[
+                CHAI_HIT.Output("hit", display_name="hit",
+                                tooltip="The lookup result (donor latents on a hit); connect to CHAI Sampler."),
+                io.String.Output("report", display_name="report",
+                                 tooltip="Hit or miss, matched entities with similarities and the donor prompt, "
+                                         "or the reason for the miss."),
+            ],
+        )
+
+    @classmethod
+    def fingerprint_inputs(cls, threshold: float = 0.0, **kwargs: Any) -> Any:
+        """Re-run when any open cache changed: ComfyUI passes only widget values here, never the linked cache."""
+        from ..cache_store.service import store_generations
+
+        return threshold, store_generations()
+
+    @classmethod
+    def execute(cls, cache: Any, entities: Any, model: Any, latent: dict, threshold: float) -> io.NodeOutput:
+        node = "CHAI Cache Lookup"
+        with user_errors(node):
+            from ..chai_attention.adapters import get_adapter
+            from ..chai_attention.cache_io import lookup_hit
+            from ..chai_attention.comfy_glue import comfy_model_fingerprint, latent_shape
+
+            get_adapter(model)  # an unsupported model is refused here, naming the supported ones
+            hit = lookup_hit(cache, entities, comfy_model_fingerprint(model), latent_shape(model, latent),
+                             threshold)
+        report = format_lookup(hit)
+        log.info("[CHAI] lookup: %s", hit.report)
+        return io.NodeOutput(hit, report, ui=ui.PreviewText(report))
+
+
+def format_lookup(hit: Any) -> str:
+    """The lookup node's report."""
+    lines = [f"CHAI lookup: {'HIT' if hit.hit else 'miss'}", f"entities: {', '.join(hit.entities) or '(none)'}",
+             hit.report, f"threshold {hit.threshold:.2f}; latent {list(hit.shape)}; model {hit.fingerprint}"]
+    lines.append("time: " + ", ".join(f"{k} {_ms(v)}" for k, v in hit.timings.items()))
+    return "\n".join(lines)
+
+
+class Sampler(io.ComfyNode):
+    """KSampler with CHAI: a miss runs the full schedule and captures donors, a hit runs fast with Cache Attention."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CHAI_Sampler",
+            display_name="CHAI Sampler",
+            category=CATEGORY,
+            description="Samples like KSampler. Without a usable hit it runs full_steps and captures the donor "
+                        "latents for CHAI Cache Write; with a hit it runs fast_steps, and at cache_steps the "
+                        "first block's self-attention takes its keys and values from the donor's latents. The "
+                        "MODEL itself is never changed.",
+            inputs=[
+                io.Model.Input("model", tooltip="The video model (OpenSora 1.2 STDiT3 or Wan 2.1/2.2); use the "
+                                                "same MODEL for the lookup."),
+                io.Conditioning.Input("positive", tooltip="The prompt's conditioning."),
+                io.Conditioning.Input("negative", tooltip="The negative conditioning (OpenSora: the null caption "
+                                                          "from CHAI OpenSora Text Encode)."),
+                io.Latent.Input("latent", tooltip="The empty video latent to sample (same one as the lookup's)."),
+                io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
+                             tooltip="Noise seed; the same seed and settings give the same video as KSampler on a "
+                                     "miss."),
+                io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                               tooltip="Classifier-free guidance scale: OpenSora 1.2 uses 7.0, Wan 2.1 5-6."),
+                io.Combo.Input("sampler_name", options=SAMPLERS, default="euler",
+                               tooltip="Sampler. 'euler' (OpenSora's own) or 'uni_pc' (Wan's template) work best; "
+                                       "two-evaluation samplers (heun, dpm_2) are supported, Cache Attention "
+                                       "fires only where the model is evaluated at a cache step's noise level."),
+                io.Combo.Input("scheduler", options=SCHEDULERS, default="simple",
+                               tooltip="Noise schedule. 'opensora' is OpenSora 1.2's exact schedule from the "
+                                       "latent's nominal size (OpenSora models only); 'simple' suits Wan and "
+                                       "matches OpenSora's at 8 steps."),
+                io.Int.Input("full_steps", default=30, min=1, max=MAX_STEPS,
+                             tooltip="Steps on a miss (the paper: 30 for OpenSora; Wan's template: 30)."),
+                io.Int.Input("fast_steps", default=8, min=1, max=MAX_STEPS,
+                             tooltip="Steps on a hit (the paper: 8, about 3.5x faster than 30)."),
+                io.String.Input("cache_steps", default="2,3,4",
+                                tooltip="Steps of the fast schedule, counted from 1, at which Cache Attention "
+                                        "runs (the paper: 2,3,4 of 8). Empty = none (a plain fast run)."),
+                io.Combo.Input("kv_mode", options=KV_MODES, default="replace",
+                               tooltip="'replace' (the paper): block 0 attends to the donor's keys/values only. "
+                                       "'concat': to its own and the donor's (keeps more of the new prompt)."),
+                io.Combo.Input("apply_to", options=APPLY_TO, default="cond",
+                               tooltip="'cond' (default): only the prompt half of CFG attends to the donor; "
+                                       "'both': the negative half too."),
+                CHAI_HIT.Input("hit", optional=True,
+                               tooltip="The lookup result from CHAI Cache Lookup. Not connected, or a miss: the "
+                                       "full schedule runs and the donors are captured."),
+            ],
+            outputs=[
+                io.Latent.Output("samples", display_name="LATENT", tooltip="The sampled latent (decode it as usual)."),
+                CHAI_TRACE.Output("trace", display_name="trace",
+                                  tooltip="What the run did and, on a miss, its donor latents; connect to CHAI "
+                                          "Cache Write."),
+                io.String.Output("report", display_name="report",
+                                 tooltip="Mode (full on a miss, fast on a hit), steps, the cache steps that fired, "
+                                         "time per stage."),
+            ],
+        )
+
+    @classmethod
+    def validate_inputs(cls, sampler_name: str | None = None, scheduler: str | None = None,
+                        kv_mode: str | None = None, apply_to: str | None = None, cache_steps: str | None = None,
+                        fast_steps: int | None = None) -> bool | str:
+        """Reject unknown choices and cache steps outside the fast schedule before anything runs."""
+        for value, options, name in ((sampler_name, SAMPLERS, "sampler_name"), (scheduler, SCHEDULERS, "scheduler"),
+                                     (kv_mode, KV_MODES, "kv_mode"), (apply_to, APPLY_TO, "apply_to")):
+            if value is not None and value not in options:
+                return f"unknown {name} {value!r}; choose one of {', '.join(options)}"
+        if cache_steps is not None:
+            from ..chai_attention.config import parse_cache_steps
+
+            try:
+                steps = parse_cache_steps(cache_steps)
+            except ValueError as exc:
+                return str(exc)
+            if fast_steps is not None and any(s > fast_steps for s in steps):
+                return (f"cache steps {cache_steps!r} lie beyond the {fast_steps} fast steps; the paper uses 2,3,4 "
+                        "of 8")
+        return True
+
+    @classmethod
+    def execute(cls, model: Any, positive: Any, negative: Any, latent: dict, seed: int, cfg: float,
+                sampler_name: str, scheduler: str, full_steps: int, fast_steps: int, cache_steps: str,
+                kv_mode: str, apply_to: str, hit: Any = None) -> io.NodeOutput:
+        node = "CHAI Sampler"
+        problem = cls.validate_inputs(sampler_name, scheduler, kv_mode, apply_to, cache_steps, fast_steps)
+        if problem is not True:
+            raise ChaiNodeError(f"{node}: {problem}")
+        with user_errors(node):
+            from ..chai_attention.comfy_glue import chai_sample, comfy_schedule
+            from ..chai_attention.config import ChaiConfig
+
+            config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=cache_steps,
+                                kv_mode=kv_mode, apply_to=apply_to)
+            if scheduler == OPENSORA_SCHEDULER:
+                schedule = opensora_schedule(model, latent, node)
+            else:
+                schedule = comfy_schedule(model, sampler_name, scheduler)
+            out, trace = chai_sample(model, positive, negative, latent, seed=seed, cfg=cfg,
+                                     sampler_name=sampler_name, scheduler=scheduler, config=config,
+                                     schedule=schedule, hit=hit)
+        report = (f"{trace.report.text()}\nsampler {sampler_name}, scheduler {scheduler}, cfg {cfg:g}, seed {seed}")
+        return io.NodeOutput(out, trace, report, ui=ui.PreviewText(report))
+
+
+def opensora_schedule(model: Any, latent: dict, node: str) -> Any:
+    """steps -> OpenSora 1.2's exact sigmas for the latent's nominal video (OpenSora models only)."""
+    from ..opensora.comfy_adapter import video_from_latent_dict
+    from ..opensora.comfy_model import is_opensora
+    from ..opensora.schedule import opensora_sigmas
+
+    if not is_opensora(model):
+        raise ChaiNodeError(f"{node}: the 'opensora' scheduler is OpenSora 1.2's exact schedule and needs an "
+                            "OpenSora model; choose 'simple' (or another ComfyUI scheduler) for this model.")
+    video = video_from_latent_dict(latent)
+    return lambda steps: opensora_sigmas(steps, video.height, video.width, video.num_frames)
+
+
+class CacheWrite(io.ComfyNode):
+    """Store a full run's donor latents under the prompt's entities; a fast run only refreshes its donor."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CHAI_CacheWrite",
+            display_name="CHAI Cache Write",
+            category=CATEGORY,
+            description="Stores what a full (miss) run captured so later prompts that share an entity can hit. "
+                        "A fast (hit) run stores nothing and only marks its donor as recently used.",
+            inputs=[
+                CHAI_CACHE.Input("cache", tooltip="The cache from a CHAI Cache node (the lookup's cache)."),
+                CHAI_ENTITIES.Input("entities", tooltip="The prompt's entities from CHAI Entity Extract (the "
+                                                        "lookup's)."),
+                CHAI_TRACE.Input("trace", tooltip="The trace output of CHAI Sampler."),
+            ],
+            outputs=[io.String.Output("report", display_name="report",
+                                      tooltip="What was stored (entry, size, evictions) or why nothing was.")],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, cache: Any, entities: Any, trace: Any) -> io.NodeOutput:
+        with user_errors("CHAI Cache Write"):
+            from ..cache_store.errors import EmbedderMismatchError, EntryTooLargeError
+            from ..chai_attention.cache_io import write_trace
+
+            try:
+                stored, line = write_trace(cache, entities, trace)
+            except (EmbedderMismatchError, EntryTooLargeError) as exc:
+                # The video is fine; only this cache cannot take the entry. Say so instead of failing the run.
+                stored, line = False, f"not stored: {exc}"
+                log.warning("[CHAI] cache write skipped: %s", exc)
+            stats = cache.store.stats()
+        report = (f"CHAI cache write: {line}\ncache: {stats.entries} entries, {stats.bytes / 1e6:.2f} of "
+                  f"{stats.budget_bytes / 1e6:.0f} MB")
+        log.info("[CHAI] write: %s", line)
+        return io.NodeOutput(report, ui=ui.PreviewText(report))
+
+
+class PromptList(io.ComfyNode):
+    """Split a block of text into prompts, one per line, so the nodes after it run once per prompt."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CHAI_PromptList",
+            display_name="CHAI Prompt List",
+            category=CATEGORY,
+            description="One prompt per line (blank lines and lines starting with # are skipped). Every node "
+                        "downstream runs once per prompt: use it to warm a cache up with a batch of prompts.",
+            inputs=[io.String.Input(
+                "prompts", multiline=True, default="",
+                tooltip="Prompts, one per line. For a warm-up pick prompts whose subjects later requests will "
+                        "share (a few dozen cover a theme)."),
+            ],
+            outputs=[
+                io.String.Output("prompt", display_name="prompt", is_output_list=True,
+                                 tooltip="The prompts, as a list: connected nodes run once per prompt."),
+                io.Int.Output("count", display_name="count", tooltip="How many prompts there are."),
+            ],
+        )
+
+    @classmethod
+    def execute(cls, prompts: str) -> io.NodeOutput:
+        items = split_prompts(prompts)
+        if not items:
+            raise ChaiNodeError("CHAI Prompt List: no prompts (write one per line; lines starting with # are "
+                                "comments)")
+        return io.NodeOutput(items, len(items))
+
+
+def split_prompts(text: str) -> list[str]:
+    """Non-empty, non-comment lines of text, stripped."""
+    return [line.strip() for line in (text or "").splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+NODES = [EntityExtract, CacheLookup, Sampler, CacheWrite, PromptList]

@@ -1,0 +1,243 @@
+"""Write the shipped CHAI workflows (UI format, workflows/) and their API-format twins (tests/workflows/).
+
+    python scripts/make_chai_workflows.py          # rewrite all
+    python scripts/make_chai_workflows.py --check  # exit 1 when a file on disk differs from what this writes
+
+The graphs are described here once; the UI files are what ComfyUI's template browser lists, the API twins are
+what the tests validate and run. Node sockets and widget order come from tests/workflows/node_specs.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from workflow_api import WIDGET_TYPES, ui_to_api  # noqa: E402
+
+SPECS = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
+FRONTEND_VERSION = "1.27.10"
+OPENSORA_PROMPT = "a golden retriever running along a sunny beach at sunset, waves in the background"
+WAN_PROMPT = "a red fox walking through fresh snow in a quiet pine forest, soft morning light"
+WAN_NEGATIVE = ("blurry, low quality, worst quality, static, still picture, distorted, deformed, watermark, "
+                "subtitles, text, extra limbs, messy background")
+WARMUP_PROMPTS = "\n".join([
+    "# One prompt per line; lines starting with # are skipped.",
+    "a golden retriever running along a sunny beach at sunset",
+    "a red fox walking through fresh snow in a pine forest",
+    "an old lighthouse on a rocky coast during a storm",
+    "a cup of coffee on a wooden table next to a window",
+    "a sailboat drifting on a calm lake at dawn",
+    "a city street at night with neon signs and rain",
+])
+
+
+class UIGraph:
+    """Builds a UI-format (frontend "workflow", version 0.4) graph from node types, widget values and links."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.nodes: list[dict[str, Any]] = []
+        self.links: list[list[Any]] = []
+
+    def node(self, kind: str, pos: tuple[int, int], widgets: list[Any], *, title: str | None = None,
+             size: tuple[int, int] = (320, 130)) -> int:
+        """Add a node; widgets are its widgets_values (control_after_generate values included)."""
+        spec = SPECS[kind] if kind in SPECS else {"inputs": [], "outputs": [], "widgets": []}
+        node_id = len(self.nodes) + 1
+        sockets = [{"name": n, "type": t, "link": None} for n, t in spec["inputs"]
+                   if t not in WIDGET_TYPES]
+        node = {"id": node_id, "type": kind, "pos": list(pos), "size": list(size), "flags": {},
+                "order": len(self.nodes), "mode": 0, "inputs": sockets,
+                "outputs": [{"name": n, "type": t, "links": []} for n, t in spec["outputs"]],
+                "properties": {"Node name for S&R": kind}, "widgets_values": widgets}
+        if title:
+            node["title"] = title
+        self.nodes.append(node)
+        return node_id
+
+    def note(self, pos: tuple[int, int], text: str, size: tuple[int, int] = (420, 260)) -> None:
+        """A MarkdownNote (frontend only: not part of the API prompt)."""
+        node_id = len(self.nodes) + 1
+        self.nodes.append({"id": node_id, "type": "MarkdownNote", "pos": list(pos), "size": list(size), "flags": {},
+                           "order": len(self.nodes), "mode": 0, "inputs": [], "outputs": [],
+                           "properties": {}, "widgets_values": [text], "title": "About this workflow"})
+
+    def link(self, src: int, slot: int, dst: int, name: str) -> None:
+        """Connect output `slot` of node src to input `name` of node dst (a widget input becomes linked)."""
+        source, target = self.nodes[src - 1], self.nodes[dst - 1]
+        kind = source["outputs"][slot]["type"]
+        link_id = len(self.links) + 1
+        entry = next((e for e in target["inputs"] if e["name"] == name), None)
+        if entry is None:  # a widget driven by a link
+            types = dict((n, t) for n, t in SPECS[target["type"]]["inputs"])
+            if name not in types:
+                raise ValueError(f"{target['type']} has no input {name!r}")
+            entry = {"name": name, "type": types[name], "widget": {"name": name}, "link": None}
+            target["inputs"].append(entry)
+        entry["link"] = link_id
+        source["outputs"][slot]["links"].append(link_id)
+        self.links.append([link_id, src, slot, dst, target["inputs"].index(entry), kind])
+
+    def to_json(self) -> dict[str, Any]:
+        """The workflow document."""
+        return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfyui-chai/{self.name}")), "revision": 0,
+                "last_node_id": len(self.nodes), "last_link_id": len(self.links), "nodes": self.nodes,
+                "links": self.links, "groups": [], "config": {},
+                "extra": {"ds": {"scale": 0.75, "offset": [40, 40]}, "frontendVersion": FRONTEND_VERSION},
+                "version": 0.4}
+
+
+def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], negative: tuple[int, int],
+               prompt: int, *, cache_name: str, cfg: float, sampler: str, scheduler: str, x: int,
+               with_lookup: bool = True) -> int:
+    """Cache, entity extract, (lookup,) CHAI sampler and write; returns the sampler's node id."""
+    cache = g.node("CHAI_CacheOpen", (x, 40), [cache_name, 2.0, "lru", "minilm"], size=(300, 140))
+    ents = g.node("CHAI_EntityExtract", (x, 220), [""], size=(300, 120))
+    g.link(prompt, 0, ents, "prompt")
+    sampler_id = g.node("CHAI_Sampler", (x + 340, 300),
+                        [42, "randomize", cfg, sampler, scheduler, 30, 8, "2,3,4", "replace", "cond"],
+                        size=(340, 420))
+    for name, (src, slot) in (("model", (model, 0)), ("positive", positive), ("negative", negative),
+                              ("latent", (latent, 0))):
+        g.link(src, slot, sampler_id, name)
+    if with_lookup:
+        lookup = g.node("CHAI_CacheLookup", (x + 340, 40), [0.0], size=(340, 200))
+        g.link(cache, 0, lookup, "cache")
+        g.link(ents, 0, lookup, "entities")
+        g.link(model, 0, lookup, "model")
+        g.link(latent, 0, lookup, "latent")
+        g.link(lookup, 0, sampler_id, "hit")
+    write = g.node("CHAI_CacheWrite", (x + 720, 40), [], size=(340, 160))
+    g.link(cache, 0, write, "cache")
+    g.link(ents, 0, write, "entities")
+    g.link(sampler_id, 1, write, "trace")
+    return sampler_id
+
+
+def opensora_t2v() -> UIGraph:
+    """OpenSora 1.2 + CHAI, decoded to a saved video."""
+    g = UIGraph("chai_opensora_t2v")
+    g.note((-420, 40), "## CHAI on OpenSora 1.2\n\nQueue prompts as usual. The first prompts **miss**: they run 30 "
+                       "steps and fill the cache. Later prompts that share an entity (an object or a scene) **hit** "
+                       "and run 8 steps with Cache Attention, about 3.5x faster. The lookup, sampler and write "
+                       "nodes report what happened.\n\nFiles: the STDiT3 checkpoint (hpcai-tech/OpenSora-STDiT-v3) "
+                       "in models/diffusion_models, T5-XXL (t5xxl_fp16) in models/text_encoders, the OpenSora VAE "
+                       "v1.2 in models/vae.")
+    prompt = g.node("PrimitiveStringMultiline", (0, 40), [OPENSORA_PROMPT], title="Prompt", size=(380, 160))
+    model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["OpenSora-STDiT-v3.safetensors", "default"])
+    clip = g.node("CLIPLoader", (0, 400), ["t5xxl_fp16.safetensors", "pixart", "default"])
+    text = g.node("CHAI_OpenSoraTextEncode", (0, 560), ["", True, 6.5, True], size=(380, 220))
+    g.link(clip, 0, text, "clip")
+    g.link(model, 0, text, "model")
+    g.link(prompt, 0, text, "prompt")
+    latent = g.node("CHAI_OpenSoraEmptyLatent", (0, 820),
+                    ["240p", "9:16 (240x426 HxW at 240p, landscape)", "2s (51 frames)", 240, 426, 51, 24.0, 1],
+                    size=(380, 260))
+    sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="opensora", cfg=7.0,
+                         sampler="euler", scheduler="opensora", x=440)
+    vae = g.node("CHAI_OpenSoraVAELoader", (1160, 260), ["OpenSora-VAE-v1.2.safetensors", "auto"])
+    decode = g.node("CHAI_OpenSoraVAEDecode", (1160, 420), [0, 24.0, 0, 64], size=(320, 200))
+    g.link(sampler, 0, decode, "samples")
+    g.link(vae, 0, decode, "vae")
+    video = g.node("CreateVideo", (1160, 660), [24.0], size=(300, 100))
+    g.link(decode, 0, video, "images")
+    g.link(decode, 1, video, "fps")
+    save = g.node("SaveVideo", (1520, 260), ["video/CHAI_opensora", "auto", "auto"], size=(480, 520))
+    g.link(video, 0, save, "video")
+    return g
+
+
+def wan21_t2v() -> UIGraph:
+    """Wan 2.1 T2V 1.3B + CHAI with ComfyUI's native loaders, as in ComfyUI's own Wan template."""
+    g = UIGraph("chai_wan21_t2v")
+    g.note((-420, 40), "## CHAI on Wan 2.1 T2V 1.3B\n\nComfyUI's native Wan nodes plus CHAI: misses run 30 steps "
+                       "and fill the cache, hits on a shared entity run 8 steps with Cache Attention in block 0's "
+                       "self-attention.\n\nFiles (as for ComfyUI's Wan 2.1 template): "
+                       "wan2.1_t2v_1.3B_fp16 in models/diffusion_models, umt5_xxl_fp8_e4m3fn_scaled in "
+                       "models/text_encoders, wan_2.1_vae in models/vae.")
+    prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
+    unet = g.node("UNETLoader", (0, 240), ["wan2.1_t2v_1.3B_fp16.safetensors", "default"])
+    model = g.node("ModelSamplingSD3", (0, 400), [8.0], size=(300, 80))
+    g.link(unet, 0, model, "model")
+    clip = g.node("CLIPLoader", (0, 520), ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"])
+    positive = g.node("CLIPTextEncode", (0, 680), [""], title="Positive", size=(380, 120))
+    g.link(clip, 0, positive, "clip")
+    g.link(prompt, 0, positive, "text")
+    negative = g.node("CLIPTextEncode", (0, 840), [WAN_NEGATIVE], title="Negative", size=(380, 160))
+    g.link(clip, 0, negative, "clip")
+    latent = g.node("EmptyHunyuanLatentVideo", (0, 1040), [832, 480, 33, 1], size=(320, 160))
+    sampler = chai_nodes(g, model, latent, (positive, 0), (negative, 0), prompt, cache_name="wan21", cfg=6.0,
+                         sampler="uni_pc", scheduler="simple", x=440)
+    vae = g.node("VAELoader", (1160, 260), ["wan_2.1_vae.safetensors"], size=(320, 80))
+    decode = g.node("VAEDecode", (1160, 380), [], size=(220, 60))
+    g.link(sampler, 0, decode, "samples")
+    g.link(vae, 0, decode, "vae")
+    video = g.node("CreateVideo", (1160, 480), [16.0], size=(300, 100))
+    g.link(decode, 0, video, "images")
+    save = g.node("SaveVideo", (1520, 260), ["video/CHAI_wan21", "auto", "auto"], size=(480, 520))
+    g.link(video, 0, save, "video")
+    return g
+
+
+def opensora_warmup() -> UIGraph:
+    """A batch of prompts through the miss path (full schedule, capture, write) to fill an OpenSora cache."""
+    g = UIGraph("chai_opensora_warmup")
+    g.note((-420, 40), "## Warm up a CHAI cache\n\nEvery line of the prompt list runs once through the full "
+                       "schedule and is stored, so that later requests sharing its entities hit. Nothing is "
+                       "decoded. Use the same model, size and cache name as the workflow you will run.")
+    prompts = g.node("CHAI_PromptList", (0, 40), [WARMUP_PROMPTS], size=(420, 260))
+    model = g.node("CHAI_OpenSoraModelLoader", (0, 340), ["OpenSora-STDiT-v3.safetensors", "default"])
+    clip = g.node("CLIPLoader", (0, 500), ["t5xxl_fp16.safetensors", "pixart", "default"])
+    text = g.node("CHAI_OpenSoraTextEncode", (0, 660), ["", True, 6.5, True], size=(380, 220))
+    g.link(clip, 0, text, "clip")
+    g.link(model, 0, text, "model")
+    g.link(prompts, 0, text, "prompt")
+    latent = g.node("CHAI_OpenSoraEmptyLatent", (0, 920),
+                    ["240p", "9:16 (240x426 HxW at 240p, landscape)", "2s (51 frames)", 240, 426, 51, 24.0, 1],
+                    size=(380, 260))
+    chai_nodes(g, model, latent, (text, 0), (text, 1), prompts, cache_name="opensora", cfg=7.0, sampler="euler",
+               scheduler="opensora", x=460, with_lookup=False)
+    return g
+
+
+WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
+             "chai_opensora_warmup": opensora_warmup}
+
+
+def render() -> dict[Path, str]:
+    """Every file this script writes, with its text."""
+    specs = {kind: spec["widgets"] for kind, spec in SPECS.items()}
+    files = {}
+    for name, build in WORKFLOWS.items():
+        ui = build().to_json()
+        files[REPO / "workflows" / f"{name}.json"] = json.dumps(ui, indent=2) + "\n"
+        files[REPO / "tests" / "workflows" / f"{name}_api.json"] = json.dumps(ui_to_api(ui, specs), indent=2) + "\n"
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare with the files on disk")
+    args = parser.parse_args(argv)
+    stale = []
+    for path, text in render().items():
+        if args.check:
+            if not path.is_file() or path.read_text() != text:
+                stale.append(path)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path.relative_to(REPO)}")
+    for path in stale:
+        print(f"differs: {path.relative_to(REPO)}")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The shipped workflows: UI files agree with their API twins, links are well typed, the graphs are the intended ones.
+
+Also the UI -> API converter itself (tests/workflow_api.py) on small synthetic graphs.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workflow_api import FRONTEND_ONLY, WIDGET_TYPES, WorkflowError, ui_to_api, widget_layout
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
+SPECS = {kind: spec["widgets"] for kind, spec in SPEC_DOC.items()}
+NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup"]
+CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
+            "CHAI_CacheStats", "CHAI_PromptList", "CHAI_OpenSoraModelLoader", "CHAI_OpenSoraTextEncode",
+            "CHAI_OpenSoraEmptyLatent", "CHAI_OpenSoraScheduler", "CHAI_OpenSoraModelSampling",
+            "CHAI_OpenSoraVAELoader", "CHAI_OpenSoraVAEDecode", "CHAI_OpenSoraVAEEncode"}
+
+
+def load(name: str) -> tuple[dict, dict]:
+    ui = json.loads((REPO / "workflows" / f"{name}.json").read_text())
+    api = json.loads((REPO / "tests" / "workflows" / f"{name}_api.json").read_text())
+    return ui, api
+
+
+def by_type(api: dict, kind: str) -> list[tuple[str, dict]]:
+    return [(k, v) for k, v in api.items() if v["class_type"] == kind]
+
+
+def only(api: dict, kind: str) -> tuple[str, dict]:
+    found = by_type(api, kind)
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ui_workflow_converts_to_its_api_twin(name):
+    ui, api = load(name)
+    assert ui["version"] == 0.4 and ui["nodes"] and ui["links"]
+    assert ui["last_node_id"] == max(n["id"] for n in ui["nodes"])
+    assert ui["last_link_id"] == max(link[0] for link in ui["links"])
+    assert ui_to_api(ui, SPECS) == api
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_links_are_well_typed_and_every_required_socket_is_connected(name):
+    ui, api = load(name)
+    nodes = {n["id"]: n for n in ui["nodes"]}
+    for link_id, src, slot, dst, dst_slot, kind in ui["links"]:
+        source, target = nodes[src], nodes[dst]
+        assert source["outputs"][slot]["type"] == kind and link_id in source["outputs"][slot]["links"]
+        entry = target["inputs"][dst_slot]
+        assert entry["link"] == link_id
+        declared = dict((n, t) for n, t in SPEC_DOC[target["type"]]["inputs"])
+        assert declared[entry["name"]] == kind, (name, target["type"], entry["name"], kind)
+    for node in ui["nodes"]:
+        if node["type"] in FRONTEND_ONLY:
+            continue
+        assert node["type"] in SPEC_DOC, node["type"]
+        if node["type"].startswith("CHAI_"):
+            assert node["type"] in CHAI_IDS, node["type"]  # only released ids
+        spec = SPEC_DOC[node["type"]]
+        optional_sockets = {"hit", "clip", "audio"}
+        for input_name, kind in spec["inputs"]:
+            if kind in WIDGET_TYPES or input_name in optional_sockets:
+                continue
+            assert input_name in api[str(node["id"])]["inputs"], (name, node["type"], input_name)
+
+
+def test_opensora_workflow_shares_one_prompt_and_decodes_to_a_saved_video():
+    _, api = load("chai_opensora_t2v")
+    prompt_id, _ = only(api, "PrimitiveStringMultiline")
+    _, text = only(api, "CHAI_OpenSoraTextEncode")
+    ents_id, ents = only(api, "CHAI_EntityExtract")
+    assert text["inputs"]["prompt"] == [prompt_id, 0] and ents["inputs"]["prompt"] == [prompt_id, 0]
+    lookup_id, lookup = only(api, "CHAI_CacheLookup")
+    sampler_id, sampler = only(api, "CHAI_Sampler")
+    assert sampler["inputs"]["hit"] == [lookup_id, 0]
+    inputs = sampler["inputs"]
+    assert inputs["model"] == lookup["inputs"]["model"] and inputs["latent"] == lookup["inputs"]["latent"]
+    assert inputs["scheduler"] == "opensora" and inputs["sampler_name"] == "euler"
+    assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "2,3,4")
+    _, write = only(api, "CHAI_CacheWrite")
+    assert write["inputs"]["trace"] == [sampler_id, 1] and write["inputs"]["entities"] == [ents_id, 0]
+    assert write["inputs"]["cache"] == lookup["inputs"]["cache"]
+    decode_id, decode = only(api, "CHAI_OpenSoraVAEDecode")
+    assert decode["inputs"]["samples"] == [sampler_id, 0]
+    video_id, video = only(api, "CreateVideo")
+    assert video["inputs"]["images"] == [decode_id, 0] and video["inputs"]["fps"] == [decode_id, 1]
+    _, save = only(api, "SaveVideo")
+    assert save["inputs"]["video"] == [video_id, 0]
+    _, clip = only(api, "CLIPLoader")
+    assert clip["inputs"]["type"] == "pixart"
+
+
+def test_wan_workflow_uses_comfyui_native_loaders():
+    _, api = load("chai_wan21_t2v")
+    for kind in ("UNETLoader", "CLIPLoader", "VAELoader", "VAEDecode", "CreateVideo", "SaveVideo",
+                 "EmptyHunyuanLatentVideo", "ModelSamplingSD3"):
+        only(api, kind)
+    _, clip = only(api, "CLIPLoader")
+    assert clip["inputs"]["type"] == "wan"
+    _, unet = only(api, "UNETLoader")
+    assert "1.3B" in unet["inputs"]["unet_name"]
+    sampler_id, sampler = only(api, "CHAI_Sampler")
+    assert sampler["inputs"]["scheduler"] == "simple" and sampler["inputs"]["sampler_name"] == "uni_pc"
+    prompt_id, _ = only(api, "PrimitiveStringMultiline")
+    encoders = dict(by_type(api, "CLIPTextEncode"))
+    assert sum(e["inputs"]["text"] == [prompt_id, 0] for e in encoders.values()) == 1
+    assert only(api, "CHAI_EntityExtract")[1]["inputs"]["prompt"] == [prompt_id, 0]
+    assert only(api, "VAEDecode")[1]["inputs"]["samples"] == [sampler_id, 0]
+
+
+def test_warmup_workflow_runs_every_prompt_through_the_miss_path():
+    _, api = load("chai_opensora_warmup")
+    list_id, prompts = only(api, "CHAI_PromptList")
+    lines = [line for line in prompts["inputs"]["prompts"].splitlines() if line and not line.startswith("#")]
+    assert len(lines) >= 5
+    assert only(api, "CHAI_OpenSoraTextEncode")[1]["inputs"]["prompt"] == [list_id, 0]
+    assert only(api, "CHAI_EntityExtract")[1]["inputs"]["prompt"] == [list_id, 0]
+    _, sampler = only(api, "CHAI_Sampler")
+    assert "hit" not in sampler["inputs"] and not by_type(api, "CHAI_CacheLookup")
+    only(api, "CHAI_CacheWrite")
+
+
+# ------------------------------------------------------------------------------------------- the converter
+
+def _node(node_id, kind, widgets, inputs=(), mode=0, outputs=()):
+    return {"id": node_id, "type": kind, "mode": mode, "widgets_values": list(widgets),
+            "inputs": [dict(i) for i in inputs], "outputs": [dict(o) for o in outputs]}
+
+
+SAMPLER_SPEC = {"Sampler": [["seed", True], ["cfg", False], ["name", False]], "Source": [], "Sink": [["x", False]]}
+
+
+def test_converter_handles_control_values_primitives_reroutes_notes_and_muted_nodes():
+    ui = {"nodes": [
+        _node(1, "Source", []),
+        _node(2, "Reroute", [], inputs=[{"name": "", "link": 1}]),
+        _node(3, "Sampler", [7, "randomize", 4.5, "euler"],
+              inputs=[{"name": "model", "link": 2}, {"name": "cfg", "link": 3, "widget": {"name": "cfg"}}]),
+        _node(4, "PrimitiveNode", [6.0]),
+        _node(5, "Note", ["hello"]),
+        _node(6, "Sink", ["muted"], mode=2),
+    ], "links": [[1, 1, 0, 2, 0, "MODEL"], [2, 2, 0, 3, 0, "MODEL"], [3, 4, 0, 3, 1, "FLOAT"]]}
+    api = ui_to_api(ui, SAMPLER_SPEC)
+    assert set(api) == {"1", "3"}
+    assert api["3"]["inputs"] == {"seed": 7, "cfg": 6.0, "name": "euler", "model": ["1", 0]}
+
+
+def test_converter_refuses_wrong_widget_counts_unknown_types_and_bypass():
+    with pytest.raises(WorkflowError, match="widget values"):
+        ui_to_api({"nodes": [_node(1, "Sampler", [7, 4.5, "euler"])], "links": []}, SAMPLER_SPEC)
+    with pytest.raises(WorkflowError, match="no widget spec"):
+        ui_to_api({"nodes": [_node(1, "Mystery", [])], "links": []}, SAMPLER_SPEC)
+    with pytest.raises(WorkflowError, match="bypass"):
+        ui_to_api({"nodes": [_node(1, "Sink", [1], mode=4)], "links": []}, SAMPLER_SPEC)
+
+
+def test_widget_layout_follows_input_types():
+    layout = widget_layout({
+        "required": {"model": ("MODEL",), "seed": ("INT", {"control_after_generate": True}),
+                     "mode": (["a", "b"],), "policy": ("COMBO", {"options": ["x"]}),
+                     "text": ("STRING", {"forceInput": True})},
+        "optional": {"hit": ("CHAI_HIT",), "strength": ("FLOAT", {})}})
+    assert layout == [["seed", True], ["mode", False], ["policy", False], ["strength", False]]
+
+
+def test_workflow_files_are_what_the_generator_writes():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_chai_workflows.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
