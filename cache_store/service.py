@@ -119,7 +119,7 @@ class ChaiCache:
         self.store.close()
 
 
-_OPEN: dict[tuple[str, str], ChaiCache] = {}
+_OPEN: dict[str, ChaiCache] = {}  # cache folder -> its one ChaiCache in this process
 _OPEN_LOCK = threading.Lock()
 
 
@@ -127,7 +127,7 @@ def open_cache(root: str | os.PathLike, name: str, *, budget_bytes: int, policy:
                embedder: Any = "minilm", spacy_pipeline: str | None = None) -> ChaiCache:
     """The process-wide ChaiCache for root/name, reopened when settings change."""
     folder = cache_dir(root, name)
-    key = (str(folder), "")
+    key = str(folder)
     with _OPEN_LOCK:
         cache = _OPEN.get(key)
         if cache is not None:
@@ -153,7 +153,7 @@ def store_generations() -> tuple[tuple[str, Any], ...]:
     with _OPEN_LOCK:
         caches = sorted(_OPEN.items())
     out = []
-    for (folder, _), cache in caches:
+    for folder, cache in caches:
         try:
             generation: Any = cache.store.generation
         except (CacheError, sqlite3.Error, OSError, AttributeError):
