@@ -1,0 +1,99 @@
+"""The toy world's video spec, flow schedule and tiny STDiT3 configuration.
+
+The 16x16x8 pixel 'latent' (see `latent.py`) stands where an Open-Sora latent of a 128x128, 8-frame video
+would: nominal height and width are 8 x 16 = 128 pixels (STDiT3's default when none are given), and the tiny
+config's `input_sq_size` is 128 so its sin-cos position table spaces the 8x8 patch grid at unit steps. The
+Open-Sora timestep shift for that nominal size (0.25) would spend most steps at low noise; the toy schedule is
+the plain shifted schedule with `DEFAULT_SHIFT`, passed to samplers explicitly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ._pack import sibling
+from .latent import LATENT_CHANNELS
+from .text import ToyTextEncoder
+from .world import FRAMES, SIZE
+
+NOMINAL_DOWNSCALE = 8  # nominal pixels per latent cell, as for Open-Sora's VAE
+DEFAULT_SHIFT = 1.0
+DEFAULT_FPS = 24.0
+TEXT_DIM = 64
+TEXT_TOKENS = 20
+
+
+@dataclass(frozen=True)
+class ToyVideoSpec:
+    """The toy world's one video size, duck-typed like `opensora.presets.VideoSpec` for the CHAI pipeline."""
+
+    size: int = SIZE
+    frames: int = FRAMES
+    fps: float = DEFAULT_FPS
+
+    def __post_init__(self) -> None:
+        if self.size < 2 or self.frames < 1 or self.fps <= 0:
+            raise ValueError(f"bad toy video spec: size {self.size}, frames {self.frames}, fps {self.fps}")
+
+    @property
+    def height(self) -> int:
+        """Nominal pixel height given to the model (8 per latent cell)."""
+        return self.size * NOMINAL_DOWNSCALE
+
+    @property
+    def width(self) -> int:
+        """Nominal pixel width given to the model."""
+        return self.size * NOMINAL_DOWNSCALE
+
+    @property
+    def num_frames(self) -> int:
+        """Frame count (the pixel latent has no temporal compression)."""
+        return self.frames
+
+    @property
+    def latent_frames(self) -> int:
+        """Latent frame count (= frames)."""
+        return self.frames
+
+    @property
+    def model_fps(self) -> float:
+        """fps given to the model."""
+        return float(self.fps)
+
+    def latent_shape(self, batch_size: int = 1) -> tuple[int, int, int, int, int]:
+        """Latent shape [B, 4, frames, size, size]."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        return (batch_size, LATENT_CHANNELS, self.frames, self.size, self.size)
+
+    def model_kwargs(self, batch_size: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """height / width / fps tensors for STDiT3's forward."""
+        return {"height": torch.full((batch_size,), float(self.height), device=device),
+                "width": torch.full((batch_size,), float(self.width), device=device),
+                "fps": torch.full((batch_size,), float(self.fps), device=device)}
+
+
+def toy_sigmas(steps: int, shift: float = DEFAULT_SHIFT) -> torch.Tensor:
+    """Flow sigmas [steps + 1] from 1 to 0: uniform in time, then shifted (shift 1 = plain uniform)."""
+    if not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    u = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    return (shift * u / (1 + (shift - 1) * u)).to(torch.float32)
+
+
+def toy_config(hidden_size: int = 96, depth: int = 4, num_heads: int = 4, mlp_ratio: float = 4.0,
+               patch_t: int = 2) -> Any:
+    """The tiny STDiT3Config of the toy world (patch patch_t x 2 x 2, 4 channels, hashed 64-d captions)."""
+    config_cls = sibling("opensora.stdit3").STDiT3Config
+    return config_cls(hidden_size=hidden_size, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+                      patch_size=(patch_t, 2, 2), in_channels=LATENT_CHANNELS, pred_sigma=True,
+                      caption_channels=TEXT_DIM, model_max_length=TEXT_TOKENS, input_sq_size=SIZE * NOMINAL_DOWNSCALE)
+
+
+def toy_text_encoder() -> ToyTextEncoder:
+    """The text encoder matching `toy_config`'s caption shape."""
+    return ToyTextEncoder(dim=TEXT_DIM, max_tokens=TEXT_TOKENS)
