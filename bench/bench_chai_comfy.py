@@ -323,7 +323,7 @@ def main() -> None:
     def ok(flag: bool) -> str:
         return "ok" if flag else "MISSED"
 
-    print(f"\nlast hit's report:\n  " + hit_trace.report.text().replace("\n", "\n  "))
+    print("\nlast hit's report:\n  " + hit_trace.report.text().replace("\n", "\n  "))
     print(f"\nend to end through ComfyUI's executor, median of {len(pairs)} (ms)")
     print(table(["request", "total", "sampler setup", "sampling", "sampler total"], [
         ["miss (30 steps + capture + write)", f"{miss_ms:.1f}", f"{stage('miss', 'setup'):.1f}",

@@ -184,7 +184,7 @@ def main() -> None:
                                  f"{hit.report.text()}")
             misses.append(miss.report.timings)
             hits.append(hit.report.timings)
-        print(f"last hit's report:\n  " + hit.report.text().replace("\n", "\n  "))
+        print("last hit's report:\n  " + hit.report.text().replace("\n", "\n  "))
         cache.close()
 
     def med(rows: list[dict[str, float]], key: str) -> float:

@@ -331,10 +331,10 @@ class CacheWrite(io.ComfyNode):
             from ..chai_attention.cache_io import write_trace
 
             try:
-                stored, line = write_trace(cache, entities, trace)
+                _, line = write_trace(cache, entities, trace)
             except (EmbedderMismatchError, EntryTooLargeError) as exc:
                 # The video is fine; only this cache cannot take the entry. Say so instead of failing the run.
-                stored, line = False, f"not stored: {exc}"
+                line = f"not stored: {exc}"
                 log.warning("[CHAI] cache write skipped: %s", exc)
             stats = cache.store.stats()
         report = (f"CHAI cache write: {line}\ncache: {stats.entries} entries, {stats.bytes / 1e6:.2f} of "

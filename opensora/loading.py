@@ -237,10 +237,10 @@ def config_from_metadata(metadata: Mapping[str, str] | None, key: str, config_cl
 
 # ---------------------------------------------------------------------------------------------- loading
 
-def _assign(model: nn.Module, name: str, tensor: Tensor) -> None:
+def assign_tensor(model: nn.Module, name: str, tensor: Tensor) -> None:
     """Put `tensor` in place of the parameter or buffer `name` (no copy)."""
     module_path, _, attr = name.rpartition(".")
-    module = model.get_submodule(module_path)
+    module = model.get_submodule(module_path) if module_path else model
     if attr in module._parameters:
         module._parameters[attr] = nn.Parameter(tensor, requires_grad=False)
     elif attr in module._buffers:
@@ -249,7 +249,7 @@ def _assign(model: nn.Module, name: str, tensor: Tensor) -> None:
         raise KeyError(name)
 
 
-def _name_list(names: Sequence[str], limit: int) -> str:
+def name_list(names: Sequence[str], limit: int) -> str:
     """Comma-separated names, at most `limit`, with a count of the rest."""
     shown = ", ".join(names[:limit])
     return shown + (f", ... and {len(names) - limit} more" if len(names) > limit else "")
@@ -267,12 +267,12 @@ def _check_keys(source: TensorSource, prefix: str, expected: Mapping[str, tuple[
     if missing or mismatched or (unexpected and strict):
         parts = []
         if missing:
-            parts.append(f"{len(missing)} missing: {_name_list(missing, max_names)}")
+            parts.append(f"{len(missing)} missing: {name_list(missing, max_names)}")
         if unexpected:
-            parts.append(f"{len(unexpected)} unexpected: {_name_list(unexpected, max_names)}")
+            parts.append(f"{len(unexpected)} unexpected: {name_list(unexpected, max_names)}")
         if mismatched:
             shown = [f"{k} (expected {list(e)}, found {list(f)})" for k, e, f in mismatched]
-            parts.append(f"{len(mismatched)} with another shape: {_name_list(shown, max_names)}")
+            parts.append(f"{len(mismatched)} with another shape: {name_list(shown, max_names)}")
         arch = f"hidden {config.hidden_size}, depth {config.depth}, heads {config.num_heads}"
         raise KeyMismatchError(f"{source.name} does not match STDiT3 ({arch}): " + "; ".join(parts),
                                missing, unexpected, mismatched)
@@ -300,13 +300,13 @@ def load_stdit3_from_source(source: TensorSource, dtype: str | torch.dtype = tor
     device = torch.device(device)
     for name in names:
         tensor = source.read(prefix + name)
-        _assign(model, name, tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None))
+        assign_tensor(model, name, tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None))
         del tensor
     if "rope.freqs" not in names:
-        _assign(model, "rope.freqs", rope_frequencies(config.head_dim, config.rope_theta, device).to(dtype))
+        assign_tensor(model, "rope.freqs", rope_frequencies(config.head_dim, config.rope_theta, device).to(dtype))
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:  # cannot happen when the key check passed; guards against a module-tree change
-        raise CheckpointError(f"tensors left unloaded: {_name_list(left, max_names)}")
+        raise CheckpointError(f"tensors left unloaded: {name_list(left, max_names)}")
     return model.eval().requires_grad_(False)
 
 

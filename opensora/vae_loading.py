@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from .loading import (CheckpointError, config_from_metadata, KeyMismatchError, TensorSource, WrongArchitectureError, describe_checkpoint,
-                      find_prefix, parse_dtype)
+from .loading import (CheckpointError, KeyMismatchError, TensorSource, WrongArchitectureError, assign_tensor,
+                      config_from_metadata, describe_checkpoint, find_prefix, name_list, parse_dtype)
 from .vae_temporal import LATENT_SCALE, LATENT_SHIFT, TemporalPart, TemporalVAEConfig
 
 log = logging.getLogger(__name__)
@@ -108,23 +108,6 @@ def infer_temporal_config(shapes: Mapping[str, Any], metadata: Mapping[str, str]
         raise CheckpointError(f"inferred an invalid temporal VAE configuration: {exc}") from exc
 
 
-def _assign(model: nn.Module, name: str, tensor: Tensor) -> None:
-    """Put `tensor` in place of parameter or buffer `name` (no copy)."""
-    module_path, _, attr = name.rpartition(".")
-    module = model.get_submodule(module_path) if module_path else model
-    if attr in module._parameters:
-        module._parameters[attr] = nn.Parameter(tensor, requires_grad=False)
-    elif attr in module._buffers:
-        module._buffers[attr] = tensor
-    else:
-        raise KeyError(name)
-
-
-def _listing(names: list[str], limit: int) -> str:
-    """Comma-separated names, at most `limit`, plus a count of the rest."""
-    return ", ".join(names[:limit]) + (f", ... and {len(names) - limit} more" if len(names) > limit else "")
-
-
 def load_temporal_from_source(source: TensorSource, dtype: str | torch.dtype = torch.float32,
                               device: str | torch.device = "cpu", config: TemporalVAEConfig | None = None,
                               strict: bool = True, max_names: int = 20) -> TemporalPart:
@@ -152,12 +135,12 @@ def load_temporal_from_source(source: TensorSource, dtype: str | torch.dtype = t
     if hard_missing or mismatched or (unexpected and strict):
         parts = []
         if hard_missing:
-            parts.append(f"{len(hard_missing)} missing: {_listing(hard_missing, max_names)}")
+            parts.append(f"{len(hard_missing)} missing: {name_list(hard_missing, max_names)}")
         if unexpected:
-            parts.append(f"{len(unexpected)} unexpected: {_listing(unexpected, max_names)}")
+            parts.append(f"{len(unexpected)} unexpected: {name_list(unexpected, max_names)}")
         if mismatched:
             shown = [f"{k} (expected {list(e)}, found {list(f)})" for k, e, f in mismatched]
-            parts.append(f"{len(mismatched)} with another shape: {_listing(shown, max_names)}")
+            parts.append(f"{len(mismatched)} with another shape: {name_list(shown, max_names)}")
         arch = f"filters {config.filters}, multipliers {list(config.channel_multipliers)}, " \
                f"{config.num_res_blocks} res blocks"
         raise KeyMismatchError(f"{source.name} does not match the OpenSora temporal VAE ({arch}): " + "; ".join(parts),
@@ -169,12 +152,12 @@ def load_temporal_from_source(source: TensorSource, dtype: str | torch.dtype = t
         tensor = source.read(ours[name])
         # The latent statistics stay float32: they are tiny and the normalisation is done in float32.
         target = torch.float32 if name in STAT_KEYS else dtype
-        _assign(model, name, tensor.to(device=device, dtype=target if tensor.is_floating_point() else None))
+        assign_tensor(model, name, tensor.to(device=device, dtype=target if tensor.is_floating_point() else None))
         del tensor
     for name in stats_missing:
         log.warning("%s has no %r tensor; using the released OpenSora VAE v1.2 value", source.name, name)
         values = LATENT_SCALE if name == "scale" else LATENT_SHIFT
-        _assign(model, name, torch.tensor(values, dtype=torch.float32, device=device).view(1, -1, 1, 1, 1))
+        assign_tensor(model, name, torch.tensor(values, dtype=torch.float32, device=device).view(1, -1, 1, 1, 1))
     return model.eval().requires_grad_(False)
 
 
