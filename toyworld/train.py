@@ -18,7 +18,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -333,12 +333,3 @@ class Trainer:
             echo(f"stopped at step {self.step}; state {self.state_path}; weights {weights}")
         return {"step": self.step, "train_seconds": self.train_seconds, "weights": str(weights)}
 
-
-def config_fields() -> list[str]:
-    """Names of the TrainConfig fields (for the command line)."""
-    return [f.name for f in fields(TrainConfig)]
-
-
-def config_dict(config: TrainConfig) -> dict[str, Any]:
-    """JSON-ready dict of a TrainConfig."""
-    return asdict(config)
