@@ -2,6 +2,7 @@
 
     python scripts/train_toyworld.py --out toy_ckpt --minutes 50 --threads 2            # a first part
     python scripts/train_toyworld.py --out toy_ckpt --minutes 50 --threads 2 --resume   # the next part
+    python scripts/train_toyworld.py --out toy_ckpt --export mid.safetensors            # weights of the last checkpoint
 
 Every `--checkpoint-every` steps (and every `--checkpoint-minutes`) the full state is saved to
 OUT/train_state.pt; `--resume` continues from it exactly. At the end the EMA weights are written to
@@ -24,6 +25,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="folder for the checkpoint, the log and the exported weights")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt if it exists")
+    p.add_argument("--export", type=Path, default=None,
+                   help="only write the EMA weights of OUT/train_state.pt to this file (no training; the run's "
+                        "options must match the checkpoint's)")
     p.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (this invocation)")
     p.add_argument("--steps", type=int, default=None, help="stop once this many steps are done in total")
     p.add_argument("--device", default=d.device, help="torch device (default cpu)")
@@ -35,12 +39,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ema-decay", type=float, default=d.ema_decay)
     p.add_argument("--caption-dropout", type=float, default=d.caption_dropout)
     p.add_argument("--timesteps", choices=["logit_normal", "uniform"], default=d.timesteps)
+    p.add_argument("--timestep-shift", type=float, default=d.timestep_shift,
+                   help="shift training sigmas toward high noise (1 = none)")
     p.add_argument("--object-weight", type=float, default=d.object_weight,
                    help="loss weight of object pixels relative to background (1 = plain MSE)")
     p.add_argument("--hidden-size", type=int, default=d.hidden_size)
     p.add_argument("--depth", type=int, default=d.depth)
     p.add_argument("--num-heads", type=int, default=d.num_heads)
-    p.add_argument("--patch-t", type=int, default=d.patch_t, help="frames per patch (1 or 2)")
+    p.add_argument("--patch-t", type=int, default=d.patch_t, help="frames per patch (a divisor of the 8 frames)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, help="steps between checkpoints")
     p.add_argument("--checkpoint-minutes", type=float, default=d.checkpoint_minutes)
     p.add_argument("--log-every", type=int, default=d.log_every)
@@ -50,18 +56,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run (or continue) training as the options say."""
     a = parse_args(argv)
-    if a.minutes is None and a.steps is None:
+    if a.minutes is None and a.steps is None and a.export is None:
         print("give --minutes and/or --steps (a budget)", file=sys.stderr)
         return 2
     config = TrainConfig(out_dir=a.out, seed=a.seed, batch_size=a.batch_size, lr=a.lr,
                          warmup_steps=a.warmup_steps, ema_decay=a.ema_decay, caption_dropout=a.caption_dropout,
-                         timesteps=a.timesteps, object_weight=a.object_weight,
+                         timesteps=a.timesteps, timestep_shift=a.timestep_shift, object_weight=a.object_weight,
                          hidden_size=a.hidden_size, depth=a.depth, num_heads=a.num_heads,
                          patch_t=a.patch_t,
                          max_steps=a.steps, minutes=a.minutes, checkpoint_every=a.checkpoint_every,
                          checkpoint_minutes=a.checkpoint_minutes, log_every=a.log_every, device=a.device,
                          threads=a.threads)
-    Trainer(config).run(resume=a.resume)
+    trainer = Trainer(config)
+    if a.export is not None:
+        if not trainer.state_path.exists():
+            print(f"no checkpoint at {trainer.state_path}", file=sys.stderr)
+            return 2
+        trainer.load()
+        print(f"step {trainer.step}: EMA weights written to {trainer.export(a.export)}")
+        return 0
+    trainer.run(resume=a.resume)
     return 0
 
 

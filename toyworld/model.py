@@ -9,6 +9,7 @@ the plain shifted schedule with `DEFAULT_SHIFT`, passed to samplers explicitly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -97,3 +98,22 @@ def toy_config(hidden_size: int = 96, depth: int = 4, num_heads: int = 4, mlp_ra
 def toy_text_encoder() -> ToyTextEncoder:
     """The text encoder matching `toy_config`'s caption shape."""
     return ToyTextEncoder(dim=TEXT_DIM, max_tokens=TEXT_TOKENS)
+
+
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+WEIGHTS_NAME = "toyworld_stdit3.safetensors"
+
+
+def default_weights() -> Path:
+    """The trained toy-world STDiT3 shipped with the pack."""
+    return WEIGHTS_DIR / WEIGHTS_NAME
+
+
+def load_toy_model(path: str | Path | None = None, device: str | torch.device = "cpu") -> Any:
+    """The trained toy STDiT3 (fp32, eval mode) from `path` or the shipped weights, with a clear error if absent."""
+    path = Path(path) if path is not None else default_weights()
+    if not path.is_file():
+        raise FileNotFoundError(f"toy-world weights not found at {path}; train them with "
+                                f"`python scripts/train_toyworld.py --out DIR --minutes 95` or restore the file "
+                                f"from the repository")
+    return sibling("opensora.loading").load_stdit3(path, device=device)
