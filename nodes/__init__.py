@@ -8,14 +8,15 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 # Modules that define nodes, each exporting NODES (a list of io.ComfyNode classes), in menu order.
-_NODE_MODULES = ("cache_nodes", "chai_nodes", "opensora_nodes", "opensora_vae_nodes")
+_NODE_MODULES = ("cache_nodes", "chai_nodes", "opensora_nodes", "opensora_vae_nodes", "toy_nodes")
 
 
 def node_list() -> list[type]:
-    """Import the node modules, register the `chai_cache` folder and return every node class."""
-    from .paths import register_cache_folder
+    """Import the node modules, register the `chai_cache` and toy-weights folders and return every node class."""
+    from .paths import register_cache_folder, register_toy_weights_folder
 
     register_cache_folder()
+    register_toy_weights_folder()
     classes: list[type] = []
     for name in _NODE_MODULES:
         try:

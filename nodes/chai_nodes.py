@@ -213,8 +213,9 @@ class Sampler(io.ComfyNode):
                                        "fires only where the model is evaluated at a cache step's noise level."),
                 io.Combo.Input("scheduler", options=SCHEDULERS, default="simple",
                                tooltip="Noise schedule. 'opensora' is OpenSora 1.2's exact schedule from the "
-                                       "latent's nominal size (OpenSora models only); 'simple' suits Wan and "
-                                       "matches OpenSora's at 8 steps."),
+                                       "latent's nominal size (OpenSora models only; for a fixed-size checkpoint "
+                                       "such as the toy-world model, the uniform schedule with the shift stored "
+                                       "in its file); 'simple' suits Wan and matches OpenSora's at 8 steps."),
                 io.Int.Input("full_steps", default=30, min=1, max=MAX_STEPS,
                              tooltip="Steps on a miss (the paper: 30 for OpenSora; Wan's template: 30)."),
                 io.Int.Input("fast_steps", default=8, min=1, max=MAX_STEPS,
@@ -290,14 +291,18 @@ class Sampler(io.ComfyNode):
 
 
 def opensora_schedule(model: Any, latent: dict, node: str) -> Any:
-    """steps -> OpenSora 1.2's exact sigmas for the latent's nominal video (OpenSora models only)."""
+    """steps -> the model's exact sigmas: OpenSora 1.2's for the latent's video, or a fixed-size checkpoint's."""
+    # A fixed-size checkpoint (the toy-world model) was trained on the uniform schedule with its own shift.
     from ..opensora.comfy_adapter import video_from_latent_dict
-    from ..opensora.comfy_model import is_opensora
-    from ..opensora.schedule import opensora_sigmas
+    from ..opensora.comfy_model import fixed_sampling, is_opensora
+    from ..opensora.schedule import opensora_sigmas, uniform_flow_sigmas
 
     if not is_opensora(model):
         raise ChaiNodeError(f"{node}: the 'opensora' scheduler is OpenSora 1.2's exact schedule and needs an "
                             "OpenSora model; choose 'simple' (or another ComfyUI scheduler) for this model.")
+    fixed = fixed_sampling(model)
+    if fixed is not None:
+        return lambda steps: uniform_flow_sigmas(steps, fixed.shift)
     video = video_from_latent_dict(latent)
     return lambda steps: opensora_sigmas(steps, video.height, video.width, video.num_frames)
 

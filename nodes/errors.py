@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 # Prefix of the pack's own modules: "<pack>." when ComfyUI imported the pack, "" when imported top-level.
 _PACK_PREFIX = __name__[: -len("nodes.errors")]
-_CORE_MODULES = tuple(f"{_PACK_PREFIX}{name}." for name in ("cache_store", "chai_attention", "opensora"))
+_CORE_MODULES = tuple(f"{_PACK_PREFIX}{name}." for name in ("cache_store", "chai_attention", "opensora", "toyworld"))
 
 # Import name -> what to pip install, for the modules the core loads lazily.
 _PIP_NAMES = {

@@ -56,8 +56,9 @@ class OpenSoraModelLoader(io.ComfyNode):
                 io.Combo.Input(
                     "model_name", options=_model_files(),
                     tooltip="STDiT3 checkpoint in models/diffusion_models (or a diffusion_models path of "
-                            "extra_model_paths.yaml). Other kinds of model are refused with a message saying "
-                            "what the file looks like."),
+                            "extra_model_paths.yaml). The pack's own toy-world model, toyworld_stdit3.safetensors "
+                            "(runs on any CPU in seconds), is listed too. Other kinds of model are refused with a "
+                            "message saying what the file looks like."),
                 io.Combo.Input(
                     "weight_dtype", options=DTYPE_CHOICES, default="default",
                     tooltip="Weight precision. 'default' lets ComfyUI choose (bf16 on GPUs that support it, as "
@@ -296,7 +297,8 @@ class OpenSoraScheduler(io.ComfyNode):
                         "'euler' sampler: sigma_i = s*u/(1+(s-1)*u), u = 1 - i/steps, then 0, with the shift s "
                         "from the nominal size and frame count. KSampler's 'simple' scheduler (with the shift set by "
                         "'CHAI OpenSora Model Sampling') is exact when 1000/steps is whole (8, 10, 20, 25, 40, 50 "
-                        "steps) and within 5e-3 otherwise (1.5e-3 at 240p, 30 steps).",
+                        "steps) and within 5e-3 otherwise (1.5e-3 at 240p, 30 steps). Not for the toy-world model, "
+                        "which has its own fixed shift: use KSampler's 'simple' or CHAI Sampler's 'opensora'.",
             inputs=[
                 io.Int.Input("steps", default=30, min=1, max=1000,
                              tooltip="Denoising steps; Open-Sora uses 30 (CHAI fast runs use fewer)."),

@@ -12,6 +12,13 @@ travel with ComfyUI's latent tensor. They come from ``transformer_options["opens
 they are inferred from the latent shape (`infer_video`): an OpenSora preset size whose latent matches, else 8x
 the latent size; fps 24 (the model sees 120 for a single frame, as in OpenSora).
 
+A checkpoint trained at one fixed size (the toy-world model, see `toyworld/`) declares its own flow shift and
+nominal video in its safetensors metadata under `FIXED_METADATA_KEY` ("toyworld": {"shift", "size", "frames",
+...}). `fixed_sampling_from_metadata` turns that into a `FixedSampling`: the loader gives the model that shift
+(instead of OpenSora's size-dependent one) and attaches it to the network as `fixed_sampling`, and
+`comfy_forward` then passes that nominal size and frame count (the toy's latent has no temporal compression)
+for every latent of the trained shape (`call_video`).
+
 Attention patches: a callable stored with ``model_patcher.set_model_patch_replace(fn, "dit", "spatial_attn", i)``
 (i.e. ``transformer_options["patches_replace"]["dit"][("spatial_attn", i)]``; ``"temporal_attn"`` for the
 temporal blocks) becomes ``STDiT3.forward(..., attn_replace={("spatial_attn", i): fn})``: ``fn(call)`` gets an
@@ -21,15 +28,17 @@ cond_or_uncond, sample_sigmas, per-clone state...).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from .loading import CheckpointError
 from .presets import (DEFAULT_FPS, IMAGE_SIZES, SPATIAL_COMPRESSION, VideoSpec, latent_hw, model_fps,
                       vae_latent_frames)
 from .schedule import opensora_shift
@@ -44,6 +53,7 @@ VIDEO_FIELDS = ("height", "width", "num_frames", "fps")
 DEFAULT_VIDEO = VideoSpec(240, 426, 51, DEFAULT_FPS)  # OpenSora 1.2 sample.py: 240p 9:16, "2s"
 DEFAULT_SHIFT = opensora_shift(DEFAULT_VIDEO.height, DEFAULT_VIDEO.width, DEFAULT_VIDEO.num_frames)
 MULTIPLIER = 1000.0  # ComfyUI model timestep = 1000 * sigma, OpenSora's timestep unit
+FIXED_METADATA_KEY = "toyworld"  # safetensors metadata of a fixed-size checkpoint (JSON: shift, size, frames)
 
 # Activation elements per token and hidden unit that one STDiT3 block keeps alive at its peak (residual, modulated
 # input, fused qkv, normed q/k, attention output, projections: ~10, plus the MLP hidden and its GELU: 2 x ratio).
@@ -177,13 +187,60 @@ def video_from_latent_dict(latent: Mapping[str, Any]) -> VideoSpec:
     return video_for_latent(tuple(latent["samples"].shape), latent.get(VIDEO_KEY))
 
 
+@dataclass(frozen=True)
+class FixedSampling:
+    """What a checkpoint trained at one size declares: its flow shift and nominal video (latent frames = frames)."""
+
+    shift: float
+    height: int
+    width: int
+    num_frames: int
+    fps: float = float(DEFAULT_FPS)
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.shift) and self.shift > 0):
+            raise ValueError(f"the flow shift must be a positive number, got {self.shift}")
+        if min(self.height, self.width) < SPATIAL_COMPRESSION or self.num_frames < 1 or not self.fps > 0:
+            raise ValueError(f"bad fixed video {self.height}x{self.width}, {self.num_frames} frames, {self.fps} fps")
+
+    @property
+    def latent_frames(self) -> int:
+        """Latent frame count: the pixel-space latent has no temporal compression."""
+        return self.num_frames
+
+
+def fixed_sampling_from_metadata(metadata: Mapping[str, str] | None) -> FixedSampling | None:
+    """The FixedSampling a checkpoint declares under FIXED_METADATA_KEY (None when it declares none)."""
+    raw = (metadata or {}).get(FIXED_METADATA_KEY)
+    if raw is None:
+        return None
+    try:
+        facts = json.loads(raw)
+        size, frames = int(facts["size"]), int(facts["frames"])
+        return FixedSampling(shift=float(facts["shift"]), height=size * SPATIAL_COMPRESSION,
+                             width=size * SPATIAL_COMPRESSION, num_frames=frames,
+                             fps=float(facts.get("fps", DEFAULT_FPS)))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"the checkpoint's {FIXED_METADATA_KEY!r} metadata is malformed ({exc}); it needs "
+                              "JSON with a positive 'shift', 'size' (latent cells) and 'frames'") from exc
+
+
+def call_video(model: STDiT3, latent_shape: tuple[int, ...] | torch.Size,
+               transformer_options: Mapping[str, Any] | None = None) -> Any:
+    """Nominal video of one model call: the model's fixed video when it fits the latent, else the record or shape."""
+    fixed = getattr(model, "fixed_sampling", None)
+    if fixed is not None and fits_latent(fixed, latent_shape):
+        return fixed
+    return video_for_latent(latent_shape, (transformer_options or {}).get(VIDEO_KEY))
+
+
 def comfy_forward(model: STDiT3, x: Tensor, timestep: Tensor, context: Tensor | None,
                   transformer_options: Mapping[str, Any] | None = None) -> Tensor:
     """Run STDiT3 for a ComfyUI flow call and return the CONST-convention output -v = noise - x0 ([B, 4, T, H, W])."""
     if context is None:
         raise ValueError("STDiT3 needs text conditioning (T5 features); the CONDITIONING has no tensor")
     options = transformer_options or {}
-    video = video_for_latent(tuple(x.shape), options.get(VIDEO_KEY))
+    video = call_video(model, tuple(x.shape), options)
     out = STDiT3.forward(model, x, timestep, context, None, fps=model_fps(video.num_frames, video.fps),
                          height=video.height, width=video.width, attn_replace=attn_replace_from_options(options))
     return -out[:, : model.config.in_channels]
@@ -211,6 +268,7 @@ def memory_usage_factor(config: STDiT3Config) -> float:
 
 __all__ = [
     "PATCH_GROUP", "ATTN_KINDS", "VIDEO_KEY", "VIDEO_FIELDS", "DEFAULT_VIDEO", "DEFAULT_SHIFT", "MULTIPLIER",
+    "FIXED_METADATA_KEY", "FixedSampling", "fixed_sampling_from_metadata", "call_video",
     "attn_patch_key", "attn_replace_from_options", "nominal_size", "frames_for_latent", "infer_video",
     "video_from_dict", "video_to_dict", "fits_latent", "video_for_latent", "video_from_latent_dict",
     "comfy_forward", "trim_padding", "memory_usage_factor",

@@ -23,6 +23,10 @@ Design (details in `opensora.comfy_adapter`):
   the diffusion model's forward; `model.set_model_patch_replace(fn, "dit", "spatial_attn", 0)` replaces block
   0's spatial self-attention (STDiT3 `attn_replace`), and object patches such as
   "diffusion_model.spatial_blocks.0.attn.forward" work as on any module.
+- Fixed-size checkpoints (the toy-world model): when the file's metadata declares a `FixedSampling`
+  (`comfy_adapter.fixed_sampling_from_metadata`), the model's flow shift is that shift rather than OpenSora's
+  (so KSampler's "simple" schedule is the trained one: exact when 1000/steps is whole, within 1e-3 otherwise),
+  and the network carries it as `fixed_sampling` for its nominal size and frame count.
 - Memory: memory_usage_factor from the block activations per token (`comfy_adapter.memory_usage_factor`, 0.49
   for XL/2).
 """
@@ -45,8 +49,8 @@ import comfy.model_sampling
 import comfy.patcher_extension
 import comfy.supported_models_base
 
-from .comfy_adapter import (DEFAULT_SHIFT, MULTIPLIER, VIDEO_KEY, comfy_forward, memory_usage_factor, trim_padding,
-                            video_to_dict)
+from .comfy_adapter import (DEFAULT_SHIFT, MULTIPLIER, VIDEO_KEY, FixedSampling, comfy_forward,
+                            fixed_sampling_from_metadata, memory_usage_factor, trim_padding, video_to_dict)
 from .loading import load_stdit3, parse_dtype
 from .presets import VideoSpec
 from .schedule import opensora_shift
@@ -113,10 +117,12 @@ class OpenSoraModelConfig(comfy.supported_models_base.BASE):
     supported_inference_dtypes = list(SUPPORTED_DTYPES)
     memory_usage_factor = memory_usage_factor(STDiT3Config())
 
-    def __init__(self, config: STDiT3Config) -> None:
+    def __init__(self, config: STDiT3Config, shift: float | None = None) -> None:
         super().__init__(config.to_dict())
         self.stdit3_config = config
         self.memory_usage_factor = memory_usage_factor(config)
+        if shift is not None:  # a checkpoint with its own fixed shift (BASE copied sampling_settings per instance)
+            self.sampling_settings["shift"] = float(shift)
 
     def model_type(self, state_dict: Any = None, prefix: str = "") -> comfy.model_base.ModelType:
         """Rectified flow."""
@@ -162,18 +168,19 @@ def resolve_dtype(choice: str, parameters: int, load_device: torch.device) -> to
     return parse_dtype(choice)
 
 
-def build_patcher(model: STDiT3) -> comfy.model_patcher.ModelPatcher:
-    """Move a loaded STDiT3's tensors into a comfy.ops-built OpenSoraModel and wrap it in a ModelPatcher."""
+def build_patcher(model: STDiT3, fixed: FixedSampling | None = None) -> comfy.model_patcher.ModelPatcher:
+    """Move a loaded STDiT3's tensors into a comfy.ops-built OpenSoraModel (`fixed`: its shift, video); wrap it."""
     load_device = comfy.model_management.get_torch_device()
     offload_device = comfy.model_management.unet_offload_device()
     weight_dtype = model.x_embedder.proj.weight.dtype
-    config = OpenSoraModelConfig(model.config)
+    config = OpenSoraModelConfig(model.config, shift=None if fixed is None else fixed.shift)
     manual_cast = comfy.model_management.unet_manual_cast(weight_dtype, load_device, config.supported_inference_dtypes)
     config.set_inference_dtype(weight_dtype, manual_cast)
     base = config.get_model(device="meta")
     # assign=True hands the loaded tensors over (no copy), so loading peaks at one model in memory.
     base.diffusion_model.load_state_dict(model.state_dict(), strict=True, assign=True)
     base.diffusion_model.eval().requires_grad_(False)
+    base.diffusion_model.fixed_sampling = fixed
     base = base.to(offload_device)
     return comfy.model_patcher.ModelPatcher(base, load_device=load_device, offload_device=offload_device)
 
@@ -183,20 +190,24 @@ def load_opensora_model(path: str | os.PathLike, dtype: str = "default") -> comf
     from .loading import find_prefix, read_checkpoint_header
 
     load_device = comfy.model_management.get_torch_device()
+    shapes: dict[str, tuple[int, ...]] = {}
+    metadata: dict[str, str] = {}
+    if str(path).lower().endswith(".safetensors"):
+        shapes, metadata = read_checkpoint_header(path)
+    fixed = fixed_sampling_from_metadata(metadata)
     if dtype == "default":
-        parameters = 0
-        if str(path).lower().endswith(".safetensors"):
-            shapes, _ = read_checkpoint_header(path)
-            prefix = find_prefix(shapes)
-            parameters = sum(math.prod(s) for k, s in shapes.items() if prefix is None or k.startswith(prefix))
+        prefix = find_prefix(shapes)
+        parameters = sum(math.prod(s) for k, s in shapes.items() if prefix is None or k.startswith(prefix))
         weight_dtype = resolve_dtype("default", parameters, load_device)
     else:
         weight_dtype = resolve_dtype(dtype, 0, load_device)
     model = load_stdit3(path, dtype=weight_dtype, device="cpu")
-    patcher = build_patcher(model)
-    log.info("[CHAI] OpenSora STDiT3 loaded from %s: hidden %d, depth %d, weights %s, compute %s", path,
+    patcher = build_patcher(model, fixed)
+    log.info("[CHAI] OpenSora STDiT3 loaded from %s: hidden %d, depth %d, weights %s, compute %s%s", path,
              model.config.hidden_size, model.config.depth, weight_dtype,
-             patcher.model.manual_cast_dtype or weight_dtype)
+             patcher.model.manual_cast_dtype or weight_dtype,
+             "" if fixed is None else f", fixed size {fixed.height}x{fixed.width}x{fixed.num_frames} "
+                                      f"with flow shift {fixed.shift:g}")
     return patcher
 
 
@@ -204,6 +215,15 @@ def is_opensora(model: Any) -> bool:
     """True for a ModelPatcher (or BaseModel) holding an OpenSora STDiT3."""
     base = getattr(model, "model", model)
     return isinstance(base, OpenSoraModel)
+
+
+def fixed_sampling(model: Any) -> FixedSampling | None:
+    """The fixed shift and video a fixed-size checkpoint (the toy-world model) declared; None for OpenSora's."""
+    if not is_opensora(model):
+        return None
+    if hasattr(model, "get_model_object"):  # a ModelPatcher: honour object patches of the network
+        return getattr(model.get_model_object("diffusion_model"), "fixed_sampling", None)
+    return getattr(model.diffusion_model, "fixed_sampling", None)
 
 
 def flow_sampling(model_config: Any, shift: float) -> Any:
@@ -220,6 +240,11 @@ def flow_sampling(model_config: Any, shift: float) -> Any:
 def with_video(model: comfy.model_patcher.ModelPatcher, video: VideoSpec, *, set_shift: bool = True,
                bf16_shift: bool = True) -> comfy.model_patcher.ModelPatcher:
     """Clone of an OpenSora MODEL whose forward uses this nominal video and (set_shift) whose shift fits it."""
+    fixed = fixed_sampling(model)
+    if fixed is not None:
+        raise ValueError(f"this checkpoint was trained at one size ({fixed.height}x{fixed.width}, "
+                         f"{fixed.num_frames} frames) with its own flow shift {fixed.shift:g}, which the loader "
+                         "already set; connect the loader's MODEL to the sampler directly")
     m = model.clone()
     options = m.model_options.setdefault("transformer_options", {})
     options[VIDEO_KEY] = video_to_dict(video)
@@ -240,5 +265,5 @@ def null_caption(model: comfy.model_patcher.ModelPatcher, length: int) -> Tensor
 __all__ = [
     "OpenSoraLatentFormat", "ComfySTDiT3", "OpenSoraModelConfig", "OpenSoraModel", "DTYPE_CHOICES",
     "SUPPORTED_DTYPES", "VAE_LATENT_SHIFT", "VAE_LATENT_SCALE", "resolve_dtype", "build_patcher",
-    "load_opensora_model", "is_opensora", "flow_sampling", "with_video", "null_caption",
+    "load_opensora_model", "is_opensora", "fixed_sampling", "flow_sampling", "with_video", "null_caption",
 ]

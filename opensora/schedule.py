@@ -115,3 +115,14 @@ def shifted_sigmas(steps: int, shift: float, *, bf16: bool = True) -> torch.Tens
 def opensora_sigmas(steps: int, height: float, width: float, num_frames: int, *, bf16: bool = True) -> torch.Tensor:
     """Exact OpenSora 1.2 flow sigmas for a nominal pixel size and frame count: float32 [steps + 1], ends with 0."""
     return sigmas_from_timesteps(opensora_timesteps(steps, height, width, num_frames, bf16=bf16))
+
+
+def uniform_flow_sigmas(steps: int, shift: float = 1.0) -> torch.Tensor:
+    """Sigmas [steps + 1] uniform in time from 1 to 0, then shifted (float64 arithmetic, float32 result)."""
+    # The schedule of a model trained with one fixed shift (the toy-world model: shift 1, plain uniform steps);
+    # unlike `shifted_sigmas` nothing goes through OpenSora's bf16 rounding or 1000-step timestep grid.
+    _check_steps(steps)
+    if not (math.isfinite(shift) and shift > 0):
+        raise ValueError(f"shift must be > 0, got {shift}")
+    u = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+    return time_shift(u, shift).to(torch.float32)

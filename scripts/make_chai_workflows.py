@@ -23,6 +23,22 @@ from workflow_api import WIDGET_TYPES, ui_to_api  # noqa: E402
 SPECS = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
 FRONTEND_VERSION = "1.27.10"
 OPENSORA_PROMPT = "a golden retriever running along a sunny beach at sunset, waves in the background"
+TOY_PROMPT = "a red ball bouncing across a sunny beach"
+TOY_NOTE = """## CHAI on the toy world (runs on any CPU in seconds)
+
+The pack ships a small trained STDiT3 (**toyworld_stdit3.safetensors**, listed by the OpenSora loader; no
+download) for a procedural world of 8-frame 16x16 clips: scenes (beach, forest, snowy field, night sky, city
+street, desert), objects (ball, car, kite, bird, box), colours (red, blue, green, yellow, purple) and motions
+(left, right, up, down, bouncing, still).
+
+1. Queue the prompt as it is: a **miss** (30 steps, its latents stored in the cache "toyworld").
+2. Change it to a prompt that shares an entity, e.g. *a blue kite drifting left across a sandy beach*, and queue
+   again: a **hit** (8 steps, Cache Attention at steps 2, 3, 4 takes the beach from the first video).
+
+The lookup, sampler and write nodes report what happened; the video (128x128, 24 fps) is saved under
+output/video/. Text is encoded by the toy's own word hashing (no CLIP); cfg 4.0 is what the model was
+evaluated at. Scheduler 'opensora' is the model's exact trained schedule (uniform, with the flow shift stored
+in the file); 'simple' gives the same sigmas within 0.001."""
 WAN_PROMPT = "a red fox walking through fresh snow in a quiet pine forest, soft morning light"
 WAN_NEGATIVE = ("blurry, low quality, worst quality, static, still picture, distorted, deformed, watermark, "
                 "subtitles, text, extra limbs, messy background")
@@ -153,6 +169,28 @@ def opensora_t2v() -> UIGraph:
     return g
 
 
+def toy_t2v() -> UIGraph:
+    """The shipped toy-world model + CHAI, decoded and saved as a video: the CPU-only example."""
+    g = UIGraph("chai_toy_t2v")
+    g.note((-460, 40), TOY_NOTE, size=(440, 520))
+    prompt = g.node("PrimitiveStringMultiline", (0, 40), [TOY_PROMPT], title="Prompt", size=(380, 160))
+    model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["toyworld_stdit3.safetensors", "default"])
+    text = g.node("CHAI_ToyTextEncode", (0, 400), [""], size=(380, 120))
+    g.link(model, 0, text, "model")
+    g.link(prompt, 0, text, "prompt")
+    latent = g.node("CHAI_ToyEmptyLatent", (0, 560), [1], size=(320, 80))
+    sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="toyworld", cfg=4.0,
+                         sampler="euler", scheduler="opensora", x=440)
+    decode = g.node("CHAI_ToyDecode", (1160, 260), [8], size=(300, 100))
+    g.link(sampler, 0, decode, "samples")
+    video = g.node("CreateVideo", (1160, 400), [24.0], size=(300, 100))
+    g.link(decode, 0, video, "images")
+    g.link(decode, 1, video, "fps")
+    save = g.node("SaveVideo", (1520, 260), ["video/CHAI_toy", "auto", "auto"], size=(400, 460))
+    g.link(video, 0, save, "video")
+    return g
+
+
 def wan21_t2v() -> UIGraph:
     """Wan 2.1 T2V 1.3B + CHAI with ComfyUI's native loaders, as in ComfyUI's own Wan template."""
     g = UIGraph("chai_wan21_t2v")
@@ -207,7 +245,7 @@ def opensora_warmup() -> UIGraph:
 
 
 WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
-             "chai_opensora_warmup": opensora_warmup}
+             "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v}
 
 
 def render() -> dict[Path, str]:

