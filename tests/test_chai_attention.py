@@ -25,15 +25,6 @@ FAST = opensora_sigmas(8, VIDEO.height, VIDEO.width, VIDEO.num_frames)
 FULL = opensora_sigmas(30, VIDEO.height, VIDEO.width, VIDEO.num_frames)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def model():
     return tiny_stdit3()

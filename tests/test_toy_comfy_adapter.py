@@ -18,14 +18,6 @@ from toyworld.model import ToyVideoSpec, default_weights, toy_config, toy_sigmas
 PROMPT = "a red ball bouncing across a sunny beach"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_prompt_conditioning_is_the_encoders_valid_rows():
     caption = prompt_conditioning(PROMPT)
     y, mask = toy_text_encoder()(PROMPT)

@@ -18,14 +18,6 @@ from toyworld.quality import (DONOR_KINDS, ENTITY_GROUPS, count_leakage, differi
                               one_entity_donor, psnr, shared_groups, ssim, ssim_map)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ---------------------------------------------------------------------------------------------- PSNR / SSIM
 
 def test_psnr_of_identical_clips_is_infinite_and_of_known_noise_exact():

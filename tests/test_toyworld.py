@@ -18,14 +18,6 @@ from toyworld.train import TrainConfig, Trainer
 TINY = dict(hidden_size=32, depth=1, num_heads=2, batch_size=2, warmup_steps=0, log_every=1, threads=1)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def random_clips(n: int, seed: int) -> tuple[list[world.ClipSpec], np.ndarray]:
     rng = np.random.default_rng(seed)
     combos = all_combos()
@@ -280,7 +272,7 @@ def test_object_weight_changes_the_loss_not_the_plain_mse(tmp_path):
     masks[0, 0, 0, 2, 2] = 1
     halo = object_halo(masks)
     assert halo[0, 0, 0].sum() == 9 and halo[0, 0, 1].sum() == 0  # grown within its own frame only
-    plain = Trainer(TrainConfig(out_dir=str(tmp_path / "p"), **TINY))
+    plain = Trainer(TrainConfig(out_dir=str(tmp_path / "p"), object_weight=1.0, **TINY))
     heavy = Trainer(TrainConfig(out_dir=str(tmp_path / "h"), object_weight=5.0, **TINY))
     with torch.no_grad():
         lp, mp = plain.losses_on(3)
