@@ -56,6 +56,7 @@ from chai_attention.steps import plan_for_config  # noqa: E402
 from opensora.sampler import make_noise, opensora_model_kwargs, sample  # noqa: E402
 from toyworld.detect import ATTRIBUTES, accuracy, detect  # noqa: E402
 from toyworld.latent import decode  # noqa: E402
+from toyworld.model import DEFAULT_CFG  # noqa: E402
 from toyworld.prompts import Combo, caption, make_split  # noqa: E402
 from toyworld.quality import (DONOR_KINDS, NIRVANA_START_SIGMA, cache_steps_for, count_leakage,  # noqa: E402
                               differing_attributes, nearest_by_cosine, nirvana_plan, one_entity_donor, psnr, ssim)
@@ -63,7 +64,6 @@ from toyworld.quality import (DONOR_KINDS, NIRVANA_START_SIGMA, cache_steps_for,
 FULL_STEPS = 30
 FAST_STEPS = (8, 6, 4)  # the first is the headline budget
 PAPER_FAST_STEPS = 8  # the paper's fast schedule, Cache Attention at its steps 2, 3, 4
-DEFAULT_CFG = 4.0
 QUICK_PROMPTS = 3
 GRID_FRAMES = (0, 2, 5, 7)
 GRID_SCALE = 4

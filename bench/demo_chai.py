@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("demo_out"), help="GIF folder (default ./demo_out)")
     ap.add_argument("--keep", action="store_true", help="keep the cache's content instead of clearing it")
     ap.add_argument("--weights", type=Path, default=None, help="toy STDiT3 weights (default: the shipped ones)")
-    ap.add_argument("--cfg", type=float, default=4.0)
+    ap.add_argument("--cfg", type=float, default=None, help="guidance scale (default: the toy model's)")
     ap.add_argument("--full-steps", type=int, default=30)
     ap.add_argument("--fast-steps", type=int, default=8)
     ap.add_argument("--cache-steps", default="2,3,4")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     from toyworld.detect import detect
     from toyworld.latent import decode
     from toyworld.media import save_gif
-    from toyworld.model import ToyVideoSpec, load_toy_model, toy_sigmas, toy_text_encoder
+    from toyworld.model import DEFAULT_CFG, ToyVideoSpec, load_toy_model, toy_sigmas, toy_text_encoder
 
     try:
         config = ChaiConfig(full_steps=args.full_steps, fast_steps=args.fast_steps, cache_steps=args.cache_steps)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     cache = ChaiCache(args.cache, budget_bytes=budget_from_gb(0.5))
     cache.embed_prompt("a red ball")  # load spaCy and MiniLM before the first timed request
     pipe = ChaiPipeline(model, cache, config, text_encode=toy_text_encoder(), video=ToyVideoSpec(),
-                        schedule=toy_sigmas, cfg=args.cfg)
+                        schedule=toy_sigmas, cfg=DEFAULT_CFG if args.cfg is None else args.cfg)
     print(f"loaded the model, spaCy and MiniLM in {time.perf_counter() - t0:.1f} s", flush=True)
 
     requests: list[Request] = []

@@ -17,14 +17,17 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
 
 from workflow_api import WIDGET_TYPES, ui_to_api  # noqa: E402
+
+from toyworld.model import DEFAULT_CFG as TOY_CFG  # noqa: E402
 
 SPECS = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
 FRONTEND_VERSION = "1.27.10"
 OPENSORA_PROMPT = "a golden retriever running along a sunny beach at sunset, waves in the background"
 TOY_PROMPT = "a red ball bouncing across a sunny beach"
-TOY_NOTE = """## CHAI on the toy world (runs on any CPU in seconds)
+TOY_NOTE_TEMPLATE = """## CHAI on the toy world (runs on any CPU in seconds)
 
 The pack ships a small trained STDiT3 (**toyworld_stdit3.safetensors**, listed by the OpenSora loader; no
 download) for a procedural world of 8-frame 16x16 clips: scenes (beach, forest, snowy field, night sky, city
@@ -36,9 +39,10 @@ street, desert), objects (ball, car, kite, bird, box), colours (red, blue, green
    again: a **hit** (8 steps, Cache Attention at steps 2, 3, 4 takes the beach from the first video).
 
 The lookup, sampler and write nodes report what happened; the video (128x128, 24 fps) is saved under
-output/video/. Text is encoded by the toy's own word hashing (no CLIP); cfg 4.0 is what the model was
+output/video/. Text is encoded by the toy's own word hashing (no CLIP); cfg TOY_CFG_TEXT is what the model was
 evaluated at. Scheduler 'opensora' is the model's exact trained schedule (uniform, with the flow shift stored
 in the file); 'simple' gives the same sigmas within 0.001."""
+TOY_NOTE = TOY_NOTE_TEMPLATE.replace("TOY_CFG_TEXT", f"{TOY_CFG:g}")
 WAN_PROMPT = "a red fox walking through fresh snow in a quiet pine forest, soft morning light"
 WAN_NEGATIVE = ("blurry, low quality, worst quality, static, still picture, distorted, deformed, watermark, "
                 "subtitles, text, extra limbs, messy background")
@@ -179,7 +183,7 @@ def toy_t2v() -> UIGraph:
     g.link(model, 0, text, "model")
     g.link(prompt, 0, text, "prompt")
     latent = g.node("CHAI_ToyEmptyLatent", (0, 560), [1], size=(320, 80))
-    sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="toyworld", cfg=4.0,
+    sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="toyworld", cfg=TOY_CFG,
                          sampler="euler", scheduler="opensora", x=440)
     decode = g.node("CHAI_ToyDecode", (1160, 260), [8], size=(300, 100))
     g.link(sampler, 0, decode, "samples")

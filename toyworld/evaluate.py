@@ -10,10 +10,9 @@ import torch
 from ._pack import sibling
 from .detect import Detection, accuracy, detect
 from .latent import decode
-from .model import DEFAULT_SHIFT, ToyVideoSpec, toy_sigmas, toy_text_encoder
+from .model import DEFAULT_CFG, DEFAULT_SHIFT, ToyVideoSpec, toy_sigmas, toy_text_encoder
 from .prompts import Combo, caption
 
-DEFAULT_CFG = 4.0
 DEFAULT_STEPS = 30
 
 
