@@ -28,14 +28,6 @@ TINY = TemporalVAEConfig(filters=8, num_res_blocks=1, channel_multipliers=(1, 2,
 TINY32 = TemporalVAEConfig(filters=32, num_res_blocks=1, channel_multipliers=(1, 1, 1, 1))  # groups 32 inferable
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _threads():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(scope="module")
 def tiny() -> TemporalPart:
     torch.manual_seed(0)

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 import pytest
+from comfy_capture import capture_node
 
 if not os.environ.get("COMFYUI_DIR"):
     pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
@@ -58,26 +59,12 @@ class _Cond:
         return [[pos, {}]], [[neg, {}]]
 
 
-class _Capture:
-    """Test-only output node: stores whatever it is given under `key`."""
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        return {"required": {"key": ("STRING", {"default": "x"})},
-                "optional": {"latent": ("LATENT",), "model": ("MODEL",), "hit": ("CHAI_HIT",),
-                             "trace": ("CHAI_TRACE",), "entities": ("CHAI_ENTITIES",),
-                             "text": ("STRING", {"forceInput": True}), "positive": ("CONDITIONING",),
-                             "negative": ("CONDITIONING",), "cache": ("CHAI_CACHE",)}}
-
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-    INPUT_IS_LIST = True  # lists from CHAI_PromptList arrive whole
-
-    def run(self, key: list, **kwargs: Any) -> dict:
-        CAPTURED[key[0]] = {k: (v[0] if len(v) == 1 else v) for k, v in kwargs.items()}
-        return {}
+_Capture = capture_node(CAPTURED, {
+    "latent": ("LATENT",), "model": ("MODEL",), "hit": ("CHAI_HIT",),
+    "trace": ("CHAI_TRACE",), "entities": ("CHAI_ENTITIES",),
+    "text": ("STRING", {"forceInput": True}), "positive": ("CONDITIONING",),
+    "negative": ("CONDITIONING",), "cache": ("CHAI_CACHE",),
+}, as_lists=True)
 
 
 class _Tap:

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 import pytest
+from comfy_capture import capture_node
 
 if not os.environ.get("COMFYUI_DIR"):
     pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
@@ -36,24 +37,11 @@ PROMPT = "A (red) fox runs through the SNOW at dawn, https://example.com #wildli
 CAPTURED: dict[str, dict[str, Any]] = {}
 
 
-class _Capture:
-    """Test-only output node: stores whatever it is given under `key`."""
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        return {"required": {"key": ("STRING", {"default": "x"})},
-                "optional": {"latent": ("LATENT",), "conditioning": ("CONDITIONING",), "sigmas": ("SIGMAS",),
-                             "model": ("MODEL",), "text": ("STRING", {"forceInput": True}),
-                             "negative": ("CONDITIONING",)}}
-
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    def run(self, key: str, **kwargs: Any) -> dict:
-        CAPTURED[key] = kwargs
-        return {}
+_Capture = capture_node(CAPTURED, {
+    "latent": ("LATENT",), "conditioning": ("CONDITIONING",), "sigmas": ("SIGMAS",),
+    "model": ("MODEL",), "text": ("STRING", {"forceInput": True}),
+    "negative": ("CONDITIONING",),
+})
 
 
 def tiny_clip(seed: int = 0) -> Any:

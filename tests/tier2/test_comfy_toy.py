@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from comfy_capture import capture_node
 
 if not os.environ.get("COMFYUI_DIR"):
     pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
@@ -33,25 +34,12 @@ SEED = 7
 CAPTURED: dict[str, dict[str, Any]] = {}
 
 
-class _Capture:
-    """Test-only output node: stores whatever it is given under `key`."""
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        return {"required": {"key": ("STRING", {"default": "x"})},
-                "optional": {"model": ("MODEL",), "latent": ("LATENT",), "positive": ("CONDITIONING",),
-                             "negative": ("CONDITIONING",), "images": ("IMAGE",),
-                             "fps": ("FLOAT", {"forceInput": True}),
-                             "hit": ("CHAI_HIT",), "trace": ("CHAI_TRACE",), "text": ("STRING", {"forceInput": True})}}
-
-    RETURN_TYPES = ()
-    FUNCTION = "run"
-    OUTPUT_NODE = True
-    CATEGORY = "testing"
-
-    def run(self, key: str, **kwargs: Any) -> dict:
-        CAPTURED[key] = kwargs
-        return {}
+_Capture = capture_node(CAPTURED, {
+    "model": ("MODEL",), "latent": ("LATENT",), "positive": ("CONDITIONING",),
+    "negative": ("CONDITIONING",), "images": ("IMAGE",),
+    "fps": ("FLOAT", {"forceInput": True}),
+    "hit": ("CHAI_HIT",), "trace": ("CHAI_TRACE",), "text": ("STRING", {"forceInput": True}),
+})
 
 
 @pytest.fixture(scope="module")
