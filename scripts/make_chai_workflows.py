@@ -140,6 +140,17 @@ def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], n
     return sampler_id
 
 
+def save_video(g: UIGraph, decode: int, video_y: int, fps: float, prefix: str,
+               save_size: tuple[int, int] = (480, 520), fps_from_decode: bool = True) -> None:
+    """Decoded frames -> CreateVideo -> SaveVideo (output/video/<prefix>), the tail every t2v workflow shares."""
+    video = g.node("CreateVideo", (1160, video_y), [fps], size=(300, 100))
+    g.link(decode, 0, video, "images")
+    if fps_from_decode:
+        g.link(decode, 1, video, "fps")
+    save = g.node("SaveVideo", (1520, 260), [f"video/{prefix}", "auto", "auto"], size=save_size)
+    g.link(video, 0, save, "video")
+
+
 def opensora_t2v() -> UIGraph:
     """OpenSora 1.2 + CHAI, decoded to a saved video."""
     g = UIGraph("chai_opensora_t2v")
@@ -165,11 +176,7 @@ def opensora_t2v() -> UIGraph:
     decode = g.node("CHAI_OpenSoraVAEDecode", (1160, 420), [0, 24.0, 0, 64], size=(320, 200))
     g.link(sampler, 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
-    video = g.node("CreateVideo", (1160, 660), [24.0], size=(300, 100))
-    g.link(decode, 0, video, "images")
-    g.link(decode, 1, video, "fps")
-    save = g.node("SaveVideo", (1520, 260), ["video/CHAI_opensora", "auto", "auto"], size=(480, 520))
-    g.link(video, 0, save, "video")
+    save_video(g, decode, 660, 24.0, "CHAI_opensora")
     return g
 
 
@@ -187,11 +194,7 @@ def toy_t2v() -> UIGraph:
                          sampler="euler", scheduler="opensora", x=440)
     decode = g.node("CHAI_ToyDecode", (1160, 260), [8], size=(300, 100))
     g.link(sampler, 0, decode, "samples")
-    video = g.node("CreateVideo", (1160, 400), [24.0], size=(300, 100))
-    g.link(decode, 0, video, "images")
-    g.link(decode, 1, video, "fps")
-    save = g.node("SaveVideo", (1520, 260), ["video/CHAI_toy", "auto", "auto"], size=(400, 460))
-    g.link(video, 0, save, "video")
+    save_video(g, decode, 400, 24.0, "CHAI_toy", save_size=(400, 460))
     return g
 
 
@@ -220,10 +223,7 @@ def wan21_t2v() -> UIGraph:
     decode = g.node("VAEDecode", (1160, 380), [], size=(220, 60))
     g.link(sampler, 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
-    video = g.node("CreateVideo", (1160, 480), [16.0], size=(300, 100))
-    g.link(decode, 0, video, "images")
-    save = g.node("SaveVideo", (1520, 260), ["video/CHAI_wan21", "auto", "auto"], size=(480, 520))
-    g.link(video, 0, save, "video")
+    save_video(g, decode, 480, 16.0, "CHAI_wan21", fps_from_decode=False)
     return g
 
 
