@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 import pytest
-from comfy_capture import capture_node
+from comfy_test_nodes import capture_node, clip_loader_node, wan_random_state
 
 if not os.environ.get("COMFYUI_DIR"):
     pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
@@ -589,17 +589,7 @@ def tiny_clip(seed: int = 0) -> Any:
     return clip
 
 
-class _TinyClip:
-    @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        return {"required": {"seed": ("INT", {"default": 0})}}
-
-    RETURN_TYPES = ("CLIP",)
-    FUNCTION = "load"
-    CATEGORY = "testing"
-
-    def load(self, seed: int) -> tuple:
-        return (tiny_clip(seed),)
+_TinyClip = clip_loader_node(tiny_clip)
 
 
 def test_entities_embedded_with_the_workflow_text_encoder_never_mix_with_another_embedder(comfy, env):
@@ -680,16 +670,7 @@ def wan_env(env, comfy, tmp_path_factory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("chai_wan")
     net = wan.WanModel(model_type="t2v", dim=256, ffn_dim=128, num_heads=2, num_layers=2, in_dim=16, out_dim=16,
                        operations=comfy_ops.disable_weight_init)
-    gen = torch.Generator().manual_seed(3)
-    state = {}
-    for key, value in net.state_dict().items():
-        if key.endswith(("norm_q.weight", "norm_k.weight", "norm3.weight")):
-            state[key] = 1 + 0.2 * torch.randn(value.shape, generator=gen)
-        elif value.dim() >= 2:
-            state[key] = torch.randn(value.shape, generator=gen) / value[0].numel() ** 0.5
-        else:
-            state[key] = 0.1 * torch.randn(value.shape, generator=gen)
-    save_file(state, str(folder / WAN_FILE))
+    save_file(wan_random_state(net, torch.Generator().manual_seed(3)), str(folder / WAN_FILE))
     paths = comfy.folder_paths.folder_names_and_paths["diffusion_models"][0]
     paths.append(str(folder))
     yield {"folder": folder}

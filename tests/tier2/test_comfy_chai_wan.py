@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 import pytest
+from comfy_test_nodes import wan_random_state
 
 if not os.environ.get("COMFYUI_DIR"):
     pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
@@ -26,19 +27,6 @@ SHAPE_22 = (1, 48, 3, 8, 8)
 STEPS = 8
 CFG = 3.0
 TEXT_TOKENS = 6
-
-
-def _random_state(module: torch.nn.Module, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """Random, well-scaled tensors for every entry of a state dict (norm gains near 1, no zeros anywhere)."""
-    state = {}
-    for key, value in module.state_dict().items():
-        if key.endswith(("norm_q.weight", "norm_k.weight", "norm3.weight")):
-            state[key] = 1 + 0.2 * torch.randn(value.shape, generator=gen)
-        elif value.dim() >= 2:
-            state[key] = torch.randn(value.shape, generator=gen) / value[0].numel() ** 0.5
-        else:
-            state[key] = 0.1 * torch.randn(value.shape, generator=gen)
-    return state
 
 
 def _tiny_wan(wan: Any, ops: Any, channels: int, layers: int = 2, **kw: Any) -> torch.nn.Module:
@@ -60,7 +48,7 @@ def env(comfy, tmp_path_factory) -> dict[str, Any]:
     paths = {}
     for name, channels in (("wan21", 16), ("wan22", 48)):
         paths[name] = folder / f"tiny_{name}.safetensors"
-        save_file(_random_state(_tiny_wan(wan, comfy_ops, channels), gen), str(paths[name]))
+        save_file(wan_random_state(_tiny_wan(wan, comfy_ops, channels), gen), str(paths[name]))
     p21 = comfy_sd.load_diffusion_model(str(paths["wan21"]))
     p22 = comfy_sd.load_diffusion_model(str(paths["wan22"]))
     sigmas = comfy_samplers.calculate_sigmas(p21.get_model_object("model_sampling"), "simple", STEPS)

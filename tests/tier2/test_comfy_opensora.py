@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 import pytest
-from comfy_capture import capture_node
+from comfy_test_nodes import capture_node, clip_loader_node
 
 if not os.environ.get("COMFYUI_DIR"):
     pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
@@ -77,19 +77,7 @@ def tiny_clip(seed: int = 0) -> Any:
     return clip
 
 
-class _TinyT5Loader:
-    """Test-only node returning the tiny T5 CLIP."""
-
-    @classmethod
-    def INPUT_TYPES(cls) -> dict:
-        return {"required": {"seed": ("INT", {"default": 0})}}
-
-    RETURN_TYPES = ("CLIP",)
-    FUNCTION = "load"
-    CATEGORY = "testing"
-
-    def load(self, seed: int) -> tuple:
-        return (tiny_clip(seed),)
+_TinyT5Loader = clip_loader_node(tiny_clip)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comfy_capture import capture_node
+from comfy_test_nodes import capture_node
 
 if not os.environ.get("COMFYUI_DIR"):
     pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",

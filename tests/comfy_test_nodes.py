@@ -1,0 +1,72 @@
+"""Test-only pieces for tier-2 tests: ComfyUI node classes that record or supply values, and random weights.
+
+Nothing here imports ComfyUI; the node classes follow ComfyUI's V1 node protocol.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def capture_node(store: dict[str, dict[str, Any]], optional: dict[str, tuple], as_lists: bool = False) -> type:
+    """A V1 output node class whose `run(key, **inputs)` stores the inputs under `store[key]`.
+
+    `optional` maps input names to ComfyUI input specs. With `as_lists` the node takes whole lists (INPUT_IS_LIST,
+    e.g. from CHAI Prompt List); a one-element list is stored as its element.
+    """
+
+    class Capture:
+        """Test-only output node: stores whatever it is given under `key`."""
+
+        RETURN_TYPES = ()
+        FUNCTION = "run"
+        OUTPUT_NODE = True
+        CATEGORY = "testing"
+        INPUT_IS_LIST = as_lists
+
+        @classmethod
+        def INPUT_TYPES(cls) -> dict:
+            return {"required": {"key": ("STRING", {"default": "x"})}, "optional": dict(optional)}
+
+        def run(self, key: Any, **kwargs: Any) -> dict:
+            if as_lists:
+                store[key[0]] = {k: (v[0] if len(v) == 1 else v) for k, v in kwargs.items()}
+            else:
+                store[key] = kwargs
+            return {}
+
+    return Capture
+
+
+def clip_loader_node(make_clip: Callable[[int], Any]) -> type:
+    """A V1 node class with a `seed` widget that returns `make_clip(seed)` as a CLIP."""
+
+    class ClipLoader:
+        """Test-only node returning a tiny CLIP built from a seed."""
+
+        RETURN_TYPES = ("CLIP",)
+        FUNCTION = "load"
+        CATEGORY = "testing"
+
+        @classmethod
+        def INPUT_TYPES(cls) -> dict:
+            return {"required": {"seed": ("INT", {"default": 0})}}
+
+        def load(self, seed: int) -> tuple:
+            return (make_clip(seed),)
+
+    return ClipLoader
+
+
+def wan_random_state(module: Any, gen: Any) -> dict[str, Any]:
+    """Random, well-scaled tensors for every entry of a Wan state dict (norm gains near 1, no zeros anywhere)."""
+    import torch
+
+    state = {}
+    for key, value in module.state_dict().items():
+        if key.endswith(("norm_q.weight", "norm_k.weight", "norm3.weight")):
+            state[key] = 1 + 0.2 * torch.randn(value.shape, generator=gen)
+        elif value.dim() >= 2:
+            state[key] = torch.randn(value.shape, generator=gen) / value[0].numel() ** 0.5
+        else:
+            state[key] = 0.1 * torch.randn(value.shape, generator=gen)
+    return state
