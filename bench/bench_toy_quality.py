@@ -54,7 +54,7 @@ from chai_attention.fingerprint import model_fingerprint  # noqa: E402
 from chai_attention.pipeline import ChaiPipeline  # noqa: E402
 from chai_attention.steps import plan_for_config  # noqa: E402
 from opensora.sampler import make_noise, opensora_model_kwargs, sample  # noqa: E402
-from toyworld.detect import ATTRIBUTES, accuracy, detect  # noqa: E402
+from toyworld.detect import ATTRIBUTES, Detection, accuracy, detect  # noqa: E402
 from toyworld.latent import decode  # noqa: E402
 from toyworld.model import DEFAULT_CFG  # noqa: E402
 from toyworld.prompts import Combo, caption, make_split  # noqa: E402
@@ -302,22 +302,11 @@ def summarise(label: str, recs: Sequence[Record], items: Sequence[Item], donors:
         return Row(label, 0, {a: math.nan for a in (*ATTRIBUTES, "all")}, math.nan, math.nan, math.nan, math.nan)
     truth = truth or (lambda r: items[r.item].combo)
     truths = [truth(r) for r in recs]
-    acc = accuracy([_Det(r.detected) for r in recs], truths)
+    acc = accuracy([Detection(*r.detected) for r in recs], truths)
     leak = count_leakage([r.detected for r in recs], truths, [donors(r) for r in recs])
     seconds = [r.seconds + (extra_seconds(r) if extra_seconds else 0.0) for r in recs]
     return Row(label, len(recs), acc, _mean([r.psnr for r in recs]), _mean([r.ssim for r in recs]), leak.rate,
                _mean(seconds), leak.pairs)
-
-
-@dataclass(frozen=True)
-class _Det:
-    """A detection read back from its tuple (what `accuracy` takes)."""
-
-    values: tuple[str, ...]
-
-    def as_tuple(self) -> tuple[str, ...]:
-        """The detected (scene, obj, colour, motion)."""
-        return self.values
 
 
 def build_rows(records: Sequence[Record], items: Sequence[Item], steps: int, full_steps: int = FULL_STEPS

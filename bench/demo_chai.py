@@ -79,10 +79,9 @@ def summary_rows(requests: Sequence[Request]) -> tuple[list[list[object]], dict[
         rows.append([label, len(sel), f"{mean:.3f}" if sel else "-", f"{100 * acc:.0f}%" if sel else "-"])
     total = sum(r.seconds for r in requests)
     stats["hit_rate"] = sum(r.mode == "fast" for r in requests) / len(requests)
-    stats["per_hit"] = stats["full"] / stats["fast"] if stats["fast"] == stats["fast"] else float("nan")
+    stats["per_hit"] = stats["full"] / stats["fast"]  # nan when either mode is missing
     # Every request as a miss would have cost the mean miss time.
-    stats["stream"] = (len(requests) * stats["full"] / total) if total > 0 and stats["full"] == stats["full"] \
-        else float("nan")
+    stats["stream"] = len(requests) * stats["full"] / total if total > 0 else float("nan")
     return rows, stats
 
 
