@@ -24,17 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench._common import table  # noqa: E402
-from cache_store.service import ChaiCache  # noqa: E402
-from chai_attention.adapters import get_adapter  # noqa: E402
-from chai_attention.config import ChaiConfig  # noqa: E402
-from chai_attention.donors import Donor, DonorSet  # noqa: E402
-from chai_attention.kv import cache_attention, chunk_row_mask  # noqa: E402
-from chai_attention.pipeline import ChaiPipeline  # noqa: E402
-from chai_attention.run import CacheAttentionRun  # noqa: E402
-from opensora.presets import VideoSpec  # noqa: E402
-from opensora.sampler import make_noise, opensora_model_kwargs  # noqa: E402
-from opensora.schedule import opensora_sigmas  # noqa: E402
-from opensora.stdit3 import STDiT3, STDiT3Config  # noqa: E402
+from comfyui_chai.cache_store.service import ChaiCache  # noqa: E402
+from comfyui_chai.chai_attention.adapters import get_adapter  # noqa: E402
+from comfyui_chai.chai_attention.config import ChaiConfig  # noqa: E402
+from comfyui_chai.chai_attention.donors import Donor, DonorSet  # noqa: E402
+from comfyui_chai.chai_attention.kv import cache_attention, chunk_row_mask  # noqa: E402
+from comfyui_chai.chai_attention.pipeline import ChaiPipeline  # noqa: E402
+from comfyui_chai.chai_attention.run import CacheAttentionRun  # noqa: E402
+from comfyui_chai.opensora.presets import VideoSpec  # noqa: E402
+from comfyui_chai.opensora.sampler import make_noise, opensora_model_kwargs  # noqa: E402
+from comfyui_chai.opensora.schedule import opensora_sigmas  # noqa: E402
+from comfyui_chai.opensora.stdit3 import STDiT3, STDiT3Config  # noqa: E402
 
 # (donor prompt, prompt that shares an entity with it)
 PAIRS = [

@@ -102,7 +102,7 @@ class Replayer:
 
     def _pad_meta(self, prompt: str, ee) -> dict:
         """Metadata that pads the encoded entry to ENTRY_BYTES (mirrors the record CacheStore.insert writes)."""
-        from cache_store import latents as lat
+        from comfyui_chai.cache_store import latents as lat
 
         record = {"prompt": prompt, "fingerprint": FINGERPRINT, "shape": list(SHAPE), "dtype": "float32",
                   "sigmas": [float(s) for s in SIGMAS], "embedder": ee.embedder,
@@ -113,8 +113,8 @@ class Replayer:
     def replay(self, matcher: str, items: list, prompts: list[str], threshold: float, budget: float,
                n_warm: int, keep_matches: bool = False) -> Run:
         """Warm with the first n_warm items, serve the rest; items[i] is prompt i's EmbeddedEntities."""
-        from cache_store.config import StoreConfig
-        from cache_store.store import CacheStore
+        from comfyui_chai.cache_store.config import StoreConfig
+        from comfyui_chai.cache_store.store import CacheStore
 
         capacity = max(1, round(budget * len(prompts)))
         run = Run(matcher, threshold, budget, capacity)
@@ -162,7 +162,7 @@ class Replayer:
 
 def stop_checker(default_texts: list[set[str]], prompts: list[str]):
     """stopped(text, prompt_index): True when the default stop list removes this phrase from that prompt."""
-    from cache_store.stop_entities import StopEntities
+    from comfyui_chai.cache_store.stop_entities import StopEntities
 
     stop = StopEntities.default()
     index = {p: i for i, p in enumerate(prompts)}
@@ -250,10 +250,10 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(max(args.threads, 1))
-    from cache_store.embedders import get_embedder
-    from cache_store.entities import Entity, EntityExtractor
-    from cache_store.stop_entities import StopEntities
-    from cache_store.types import EmbeddedEntities
+    from comfyui_chai.cache_store.embedders import get_embedder
+    from comfyui_chai.cache_store.entities import Entity, EntityExtractor
+    from comfyui_chai.cache_store.stop_entities import StopEntities
+    from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()
     prompts = load_prompts(args.prompts, seed=args.seed)

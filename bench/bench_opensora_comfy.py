@@ -44,7 +44,7 @@ def build(name: str, seed: int = 0):
     """A random, well-scaled STDiT3 of configuration `name` (eval mode, fp32)."""
     import torch
 
-    from opensora.stdit3 import STDiT3, STDiT3Config
+    from comfyui_chai.opensora.stdit3 import STDiT3, STDiT3Config
 
     cfg, _, _ = CONFIGS[name]
     torch.manual_seed(seed)
@@ -64,16 +64,16 @@ def bench_config(name: str, steps: int, repeats: int, cfg_scale: float) -> dict:
     import comfy.samplers
     import nodes
 
-    from opensora.comfy_model import load_opensora_model, null_caption
-    from opensora.loading import save_stdit3
-    from opensora.sampler import sample
+    from comfyui_chai.opensora.comfy_model import load_opensora_model, null_caption
+    from comfyui_chai.opensora.loading import save_stdit3
+    from comfyui_chai.opensora.sampler import sample
 
     _, (c, t, h, w), tokens = CONFIGS[name]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.safetensors"
         save_stdit3(build(name), path)
         patcher = load_opensora_model(path, "fp32")
-        from opensora.loading import load_stdit3
+        from comfyui_chai.opensora.loading import load_stdit3
 
         reference = load_stdit3(path)
     caption_channels = reference.config.caption_channels

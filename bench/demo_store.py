@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(max(args.threads, 1))
-    from cache_store.config import budget_from_gb
-    from cache_store.service import ChaiCache
+    from comfyui_chai.cache_store.config import budget_from_gb
+    from comfyui_chai.cache_store.service import ChaiCache
 
     t0 = time.perf_counter()
     print(f"opening cache {args.cache} (budget {args.budget_gb:g} GB) ...", flush=True)

@@ -14,7 +14,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ._pack import sibling
+from ..opensora import sampler as opensora_sampler
+from ..opensora import schedule as opensora_schedule
 from .adapters.base import get_adapter
 from .config import ChaiConfig
 from .donors import DonorCapture, DonorSet
@@ -129,7 +130,7 @@ class ChaiPipeline:
         self.batch_size = int(batch_size)
         self.batched_cfg = batched_cfg
         self._schedule = schedule
-        self._sampler = sibling("opensora.sampler")
+        self._sampler = opensora_sampler
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -140,9 +141,8 @@ class ChaiPipeline:
         """The schedule for a step count (exact OpenSora schedule unless overridden)."""
         if self._schedule is not None:
             return as_sigmas(self._schedule(steps))
-        schedule = sibling("opensora.schedule")
         v = self.video
-        return as_sigmas(schedule.opensora_sigmas(steps, v.height, v.width, v.num_frames))
+        return as_sigmas(opensora_schedule.opensora_sigmas(steps, v.height, v.width, v.num_frames))
 
     def _device(self) -> torch.device:
         return next(self.adapter.model.parameters()).device

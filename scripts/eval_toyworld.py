@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from opensora.loading import load_stdit3  # noqa: E402
-from toyworld.evaluate import DEFAULT_CFG, DEFAULT_STEPS, evaluate  # noqa: E402
-from toyworld.prompts import make_split  # noqa: E402
+from comfyui_chai.opensora.loading import load_stdit3  # noqa: E402
+from comfyui_chai.toyworld.evaluate import DEFAULT_CFG, DEFAULT_STEPS, evaluate  # noqa: E402
+from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
 
 
 def save_grid(videos: np.ndarray, path: Path, scale: int = 4) -> None:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 from workflow_api import WIDGET_TYPES, ui_to_api  # noqa: E402
 
-from toyworld.model import DEFAULT_CFG as TOY_CFG  # noqa: E402
+from comfyui_chai.toyworld.model import DEFAULT_CFG as TOY_CFG  # noqa: E402
 
 SPECS = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
 FRONTEND_VERSION = "1.27.10"

@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+# Tests, benchmarks and scripts import the pack as one package, `comfyui_chai`, as ComfyUI imports it under its
+# folder's name: a link in site-packages makes the repository root that package (refreshed on every run).
+ln -sfn "$PWD" "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/comfyui_chai"
 stamp="$VENV/.chai-deps-$(cat requirements.txt scripts/setup_venv.sh | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ]; then exit 0; fi
 pipi() { "$VENV/bin/python" -m pip install --quiet "$@" 2> >(grep -v 'is ignored: it is neither' >&2); }

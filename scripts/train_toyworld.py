@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from toyworld.train import TrainConfig, Trainer  # noqa: E402
+from comfyui_chai.toyworld.train import TrainConfig, Trainer  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -9,8 +9,8 @@ import hashlib
 
 import torch
 
-from opensora.presets import VideoSpec
-from opensora.stdit3 import STDiT3, STDiT3Config
+from comfyui_chai.opensora.presets import VideoSpec
+from comfyui_chai.opensora.stdit3 import STDiT3, STDiT3Config
 
 TINY = dict(hidden_size=64, depth=2, num_heads=4, caption_channels=32, model_max_length=8)
 VIDEO = VideoSpec(height=128, width=128, num_frames=17)  # latent [1, 4, 5, 16, 16]

@@ -1,9 +1,32 @@
-"""Suite-wide fixtures: one torch thread for the whole run, and the English spaCy pipeline the tests use."""
+"""Suite-wide setup: the pack importable as `comfyui_chai`, one torch thread, the English spaCy pipeline."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+PACK = "comfyui_chai"
+
+
+def _register_pack() -> None:
+    """Import the repository root as the package `comfyui_chai`, the way ComfyUI imports a pack's folder.
+
+    scripts/setup_venv.sh links the package into the venv; this covers any other interpreter (e.g. the ComfyUI
+    venv that runs tier 2).
+    """
+    if PACK in sys.modules or importlib.util.find_spec(PACK) is not None:
+        return
+    repo = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location(PACK, repo / "__init__.py", submodule_search_locations=[str(repo)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PACK] = module
+    spec.loader.exec_module(module)
+
+
+_register_pack()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cache_store.entities import Entity
-from cache_store.types import EmbeddedEntities
+from comfyui_chai.cache_store.entities import Entity
+from comfyui_chai.cache_store.types import EmbeddedEntities
 
 DIM = 32
 EMBEDDER = "test-hash-embedder@1"
@@ -52,7 +52,7 @@ SIGMAS = [0.9, 0.8, 0.7]
 def subprocess_env() -> dict[str, str]:
     """Environment for child processes that import the repo's packages."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests"), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), env.get("PYTHONPATH", "")])
     return env
 
 

@@ -7,18 +7,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from chai_attention.adapters import UnsupportedModelError, get_adapter, supported_families
-from chai_attention.adapters.stdit3 import STDiT3Adapter
-from chai_attention.config import ChaiConfig, parse_cache_steps
-from chai_attention.donors import Donor, DonorCapture, DonorSet
-from chai_attention.fingerprint import model_fingerprint
-from chai_attention.kv import cache_attention, chunk_row_mask, combine_kv
-from chai_attention.pipeline import PatchedModel
-from chai_attention.run import COND, UNCOND, CacheAttentionRun
-from chai_attention.steps import CacheStepSelector, capture_plan, match_step, select_donor
+from comfyui_chai.chai_attention.adapters import UnsupportedModelError, get_adapter, supported_families
+from comfyui_chai.chai_attention.adapters.stdit3 import STDiT3Adapter
+from comfyui_chai.chai_attention.config import ChaiConfig, parse_cache_steps
+from comfyui_chai.chai_attention.donors import Donor, DonorCapture, DonorSet
+from comfyui_chai.chai_attention.fingerprint import model_fingerprint
+from comfyui_chai.chai_attention.kv import cache_attention, chunk_row_mask, combine_kv
+from comfyui_chai.chai_attention.pipeline import PatchedModel
+from comfyui_chai.chai_attention.run import COND, UNCOND, CacheAttentionRun
+from comfyui_chai.chai_attention.steps import CacheStepSelector, capture_plan, match_step, select_donor
 from chai_helpers import VIDEO, tiny_stdit3, toy_text_encode
-from opensora.sampler import LatentCapture, make_noise, opensora_model_kwargs, sample
-from opensora.schedule import opensora_sigmas
+from comfyui_chai.opensora.sampler import LatentCapture, make_noise, opensora_model_kwargs, sample
+from comfyui_chai.opensora.schedule import opensora_sigmas
 
 SHAPE = VIDEO.latent_shape()  # (1, 4, 5, 16, 16)
 FAST = opensora_sigmas(8, VIDEO.height, VIDEO.width, VIDEO.num_frames)

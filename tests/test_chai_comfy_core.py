@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from cache_store.embedders.function import FunctionEmbedder
-from cache_store.entities import Entity
-from cache_store.service import ChaiCache, close_all, open_cache, store_generations
-from chai_attention.cache_io import lookup_hit, resolve_threshold, write_trace
-from chai_attention.comfy_glue import (ModelInputCapture, SharedRun, original_weights_digest, patches_digest)
-from chai_attention.config import ChaiConfig
-from chai_attention.donors import Donor, DonorSet
-from chai_attention.payloads import FAST, FULL, CacheHit, PromptEntities, SampleTrace
-from chai_attention.pipeline import ChaiReport
-from chai_attention.steps import capture_plan
+from comfyui_chai.cache_store.embedders.function import FunctionEmbedder
+from comfyui_chai.cache_store.entities import Entity
+from comfyui_chai.cache_store.service import ChaiCache, close_all, open_cache, store_generations
+from comfyui_chai.chai_attention.cache_io import lookup_hit, resolve_threshold, write_trace
+from comfyui_chai.chai_attention.comfy_glue import (ModelInputCapture, SharedRun, original_weights_digest, patches_digest)
+from comfyui_chai.chai_attention.config import ChaiConfig
+from comfyui_chai.chai_attention.donors import Donor, DonorSet
+from comfyui_chai.chai_attention.payloads import FAST, FULL, CacheHit, PromptEntities, SampleTrace
+from comfyui_chai.chai_attention.pipeline import ChaiReport
+from comfyui_chai.chai_attention.steps import capture_plan
 
 SHAPE = (1, 4, 3, 4, 4)
 FULL_SIGMAS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0]

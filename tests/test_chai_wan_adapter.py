@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from chai_attention.adapters import UnsupportedModelError, get_adapter, supported_families
-from chai_attention.adapters import base as adapters_base
-from chai_attention.adapters.wan import (CALL_KEY, WanAdapter, WanCall, first_sigma, pad_to_patch, per_token,
+from comfyui_chai.chai_attention.adapters import UnsupportedModelError, get_adapter, supported_families
+from comfyui_chai.chai_attention.adapters import base as adapters_base
+from comfyui_chai.chai_attention.adapters.wan import (CALL_KEY, WanAdapter, WanCall, first_sigma, pad_to_patch, per_token,
                                          sinusoid)
-from chai_attention.config import ChaiConfig
-from chai_attention.donors import Donor, DonorSet
-from chai_attention.run import CacheAttentionRun
+from comfyui_chai.chai_attention.config import ChaiConfig
+from comfyui_chai.chai_attention.donors import Donor, DonorSet
+from comfyui_chai.chai_attention.run import CacheAttentionRun
 
 DIM, HEADS, CHANNELS = 16, 2, 4
 SHAPE = (1, CHANNELS, 3, 4, 6)  # 3 x 2 x 3 = 18 tokens

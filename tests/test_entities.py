@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cache_store import pipelines
-from cache_store.entities import MAX_PROMPT_CHARS, Entity, EntityExtractor, truncate_prompt
-from cache_store.pipelines import ENV_VAR, PipelineNotFoundError, load_pipeline, resolve_pipeline
-from cache_store.stop_entities import DEFAULT_STOP_FILE, StopEntities
+from comfyui_chai.cache_store import pipelines
+from comfyui_chai.cache_store.entities import MAX_PROMPT_CHARS, Entity, EntityExtractor, truncate_prompt
+from comfyui_chai.cache_store.pipelines import ENV_VAR, PipelineNotFoundError, load_pipeline, resolve_pipeline
+from comfyui_chai.cache_store.stop_entities import DEFAULT_STOP_FILE, StopEntities
 
 REPO = Path(__file__).resolve().parents[1]
 VBENCH = REPO.parent / "shared" / "data" / "vbench"

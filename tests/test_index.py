@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("hnswlib")
 
-from cache_store.index import DEFAULT_EF, HNSW_MIN_SIZE, IndexLoadError, VectorIndex  # noqa: E402
+from comfyui_chai.cache_store.index import DEFAULT_EF, HNSW_MIN_SIZE, IndexLoadError, VectorIndex  # noqa: E402
 
 DIM = 32
 

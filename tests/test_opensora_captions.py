@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from opensora.captions import (
+from comfyui_chai.opensora.captions import (
     MAX_TOKENS,
     append_scores,
     approx_token_count,

@@ -4,15 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opensora.choices import (ASPECT_CHOICES, CUSTOM, DEFAULT_ASPECT, DEFAULT_FRAMES, FRAME_CHOICES,
+from comfyui_chai.opensora.choices import (ASPECT_CHOICES, CUSTOM, DEFAULT_ASPECT, DEFAULT_FRAMES, FRAME_CHOICES,
                               RESOLUTION_CHOICES, aspect_label, frames_of, orientation, ratio_of, video_for_choices)
-from opensora.comfy_adapter import (DEFAULT_SHIFT, PATCH_GROUP, VIDEO_FIELDS, VIDEO_KEY, attn_patch_key,
+from comfyui_chai.opensora.comfy_adapter import (DEFAULT_SHIFT, PATCH_GROUP, VIDEO_FIELDS, VIDEO_KEY, attn_patch_key,
                                     attn_replace_from_options, comfy_forward, fits_latent, frames_for_latent,
                                     infer_video, memory_usage_factor, nominal_size, trim_padding, video_for_latent,
                                     video_from_dict, video_from_latent_dict, video_to_dict)
-from opensora.presets import ASPECT_RATIOS, FRAME_PRESETS, IMAGE_SIZES, VideoSpec, latent_hw, vae_latent_frames
-from opensora.schedule import opensora_shift
-from opensora.stdit3 import STDiT3, STDiT3Config
+from comfyui_chai.opensora.presets import ASPECT_RATIOS, FRAME_PRESETS, IMAGE_SIZES, VideoSpec, latent_hw, vae_latent_frames
+from comfyui_chai.opensora.schedule import opensora_shift
+from comfyui_chai.opensora.stdit3 import STDiT3, STDiT3Config
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from opensora.loading import (
+from comfyui_chai.opensora.loading import (
     KeyMismatchError,
     TensorSource,
     WrongArchitectureError,
@@ -26,7 +26,7 @@ from opensora.loading import (
     read_checkpoint_header,
     save_stdit3,
 )
-from opensora.stdit3 import (
+from comfyui_chai.opensora.stdit3 import (
     STDiT3,
     STDiT3Config,
     SelfAttnCall,

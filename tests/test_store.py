@@ -10,12 +10,12 @@ import sqlite3
 import pytest
 import torch
 
-from cache_store import latents as lat
-from cache_store.config import StoreConfig, budget_from_gb
-from cache_store.errors import (CacheNameError, CacheWriteError, EmbedderMismatchError, EntryTooLargeError,
+from comfyui_chai.cache_store import latents as lat
+from comfyui_chai.cache_store.config import StoreConfig, budget_from_gb
+from comfyui_chai.cache_store.errors import (CacheNameError, CacheWriteError, EmbedderMismatchError, EntryTooLargeError,
                                 FormatVersionError)
-from cache_store.naming import cache_dir
-from cache_store.store import CacheStore, NothingToStoreError
+from comfyui_chai.cache_store.naming import cache_dir
+from comfyui_chai.cache_store.store import CacheStore, NothingToStoreError
 from store_helpers import SIGMAS, ents, latents
 
 FP = "model-a"

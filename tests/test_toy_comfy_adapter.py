@@ -6,14 +6,14 @@ import json
 import pytest
 import torch
 
-from opensora.comfy_adapter import (FIXED_METADATA_KEY, VIDEO_KEY, FixedSampling, call_video, comfy_forward,
+from comfyui_chai.opensora.comfy_adapter import (FIXED_METADATA_KEY, VIDEO_KEY, FixedSampling, call_video, comfy_forward,
                                     fixed_sampling_from_metadata, infer_video)
-from opensora.loading import CheckpointError, read_checkpoint_header
-from opensora.schedule import uniform_flow_sigmas
-from opensora.stdit3 import STDiT3
-from toyworld import latent as toy_latent
-from toyworld.comfy_adapter import FPS, decode_frames, empty_latent, prompt_conditioning
-from toyworld.model import ToyVideoSpec, default_weights, toy_config, toy_sigmas, toy_text_encoder
+from comfyui_chai.opensora.loading import CheckpointError, read_checkpoint_header
+from comfyui_chai.opensora.schedule import uniform_flow_sigmas
+from comfyui_chai.opensora.stdit3 import STDiT3
+from comfyui_chai.toyworld import latent as toy_latent
+from comfyui_chai.toyworld.comfy_adapter import FPS, decode_frames, empty_latent, prompt_conditioning
+from comfyui_chai.toyworld.model import ToyVideoSpec, default_weights, toy_config, toy_sigmas, toy_text_encoder
 
 PROMPT = "a red ball bouncing across a sunny beach"
 

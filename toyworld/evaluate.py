@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ._pack import sibling
+from ..opensora import sampler
 from .detect import Detection, accuracy, detect
 from .latent import decode
 from .model import DEFAULT_CFG, DEFAULT_SHIFT, ToyVideoSpec, toy_sigmas, toy_text_encoder
@@ -22,7 +22,6 @@ def generate(model: Any, prompts: Sequence[str], seeds: Sequence[int], steps: in
     """RGB clips [N, T, H, W, 3] in [0, 1] for prompts, one seed each (noise drawn per clip from its seed)."""
     if len(prompts) != len(seeds):
         raise ValueError("need one seed per prompt")
-    sampler = sibling("opensora.sampler")
     video, text = ToyVideoSpec(), toy_text_encoder()
     device = next(model.parameters()).device
     sigmas = toy_sigmas(steps, shift)

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from ._pack import sibling
+from ..opensora.loading import load_stdit3
+from ..opensora.stdit3 import STDiT3Config
 from .latent import LATENT_CHANNELS
 from .text import ToyTextEncoder
 from .world import FRAMES, SIZE
@@ -90,8 +91,7 @@ def toy_sigmas(steps: int, shift: float = DEFAULT_SHIFT) -> torch.Tensor:
 def toy_config(hidden_size: int = 96, depth: int = 4, num_heads: int = 4, mlp_ratio: float = 4.0,
                patch_t: int = 2) -> Any:
     """The tiny STDiT3Config of the toy world (patch patch_t x 2 x 2, 4 channels, hashed 64-d captions)."""
-    config_cls = sibling("opensora.stdit3").STDiT3Config
-    return config_cls(hidden_size=hidden_size, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+    return STDiT3Config(hidden_size=hidden_size, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
                       patch_size=(patch_t, 2, 2), in_channels=LATENT_CHANNELS, pred_sigma=True,
                       caption_channels=TEXT_DIM, model_max_length=TEXT_TOKENS, input_sq_size=SIZE * NOMINAL_DOWNSCALE)
 
@@ -117,4 +117,4 @@ def load_toy_model(path: str | Path | None = None, device: str | torch.device = 
         raise FileNotFoundError(f"toy-world weights not found at {path}; train them with "
                                 f"`python scripts/train_toyworld.py --out DIR --minutes 95` or restore the file "
                                 f"from the repository")
-    return sibling("opensora.loading").load_stdit3(path, device=device)
+    return load_stdit3(path, device=device)

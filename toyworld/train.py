@@ -25,7 +25,8 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from ._pack import sibling
+from ..opensora import stdit3
+from ..opensora.loading import save_stdit3
 from .data import make_batch, step_generator, step_rng
 from .latent import LATENT_SCALE
 from .model import DEFAULT_SHIFT, TEXT_DIM, TEXT_TOKENS, ToyVideoSpec, toy_config, toy_text_encoder
@@ -174,7 +175,6 @@ class Trainer:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         self.device = torch.device(config.device)
-        stdit3 = sibling("opensora.stdit3")
         torch.manual_seed(config.seed)
         self.model_config = toy_config(config.hidden_size, config.depth, config.num_heads, config.mlp_ratio,
                                        config.patch_t)
@@ -284,7 +284,7 @@ class Trainer:
                  "held_out_fraction": self.config.held_out_fraction, "size": SIZE, "frames": FRAMES,
                  "latent_scale": LATENT_SCALE, "text_dim": TEXT_DIM, "text_tokens": TEXT_TOKENS,
                  "shift": DEFAULT_SHIFT, "run": self.config.run_fields()}
-        sibling("opensora.loading").save_stdit3(self.ema.cpu(), path, {"toyworld": json.dumps(facts)})
+        save_stdit3(self.ema.cpu(), path, {"toyworld": json.dumps(facts)})
         self.ema.to(self.device)
         return path
 

@@ -15,7 +15,6 @@ from typing import Any, Callable, Sequence
 
 from torch import Tensor, nn
 
-from .._pack import sibling
 from ..kv import cache_attention, chunk_row_mask
 from ..run import BATCHED_CFG, COND, CacheAttentionRun, StepPlan
 from .base import ModelAdapter
@@ -51,7 +50,9 @@ class STDiT3Adapter(ModelAdapter):
     @classmethod
     def recognise(cls, model: Any) -> bool:
         """An STDiT3 instance, or a module with STDiT3's blocks and input hooks."""
-        if isinstance(model, sibling("opensora.stdit3").STDiT3):
+        from ...opensora.stdit3 import STDiT3
+
+        if isinstance(model, STDiT3):
             return True
         return isinstance(model, nn.Module) and all(
             hasattr(model, name) for name in ("spatial_blocks", "temporal_blocks", "embed_video", "embed_timestep"))
