@@ -9,15 +9,17 @@ import time
 from typing import Any, Sequence
 
 from .donors import DonorSet
-from .payloads import FAST, FULL, CacheHit, PromptEntities, SampleTrace
+from .constants import FAST, FULL
+from .payloads import CacheHit, PromptEntities, SampleTrace
 
 
 def resolve_threshold(cache: Any, entities: PromptEntities, threshold: float | None) -> float:
     """The similarity threshold: the given one when > 0, else the calibrated default of the embedder in use."""
     if threshold is not None and threshold > 0:
         return float(threshold)
-    embedder = entities.embedder if entities.embedder is not None else cache.embedder
-    return float(embedder.default_threshold)
+    if entities.embedder is None:
+        return float(cache.threshold)  # the cache's configured threshold, else its embedder's calibrated one
+    return float(entities.embedder.default_threshold)
 
 
 def lookup_hit(cache: Any, entities: PromptEntities, fingerprint: str, shape: Sequence[int],

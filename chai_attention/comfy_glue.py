@@ -1,21 +1,9 @@
 """CHAI inside ComfyUI: sample with or without Cache Attention on a ModelPatcher clone, fingerprints, text encoders.
 
 The only module of chai_attention that touches ComfyUI, and only inside functions (importing it needs no ComfyUI).
-
-Where state lives. The input MODEL is never modified: sampling runs on `model.clone()`. On a hit the model's
-adapter installs its Cache Attention patch on that clone through ComfyUI's public hooks
-(`ModelAdapter.comfy_install`), and the run (`CacheAttentionRun`: schedule, donors, firing record) is placed in
-the clone's `model_options["transformer_options"][RUN_KEY]`, from where ComfyUI hands it to every model call.
-On a miss the donor latents are captured by an APPLY_MODEL wrapper on the clone (see `ModelInputCapture`). In a
-`finally` the run is released and removed from the clone's options, the capture wrapper is removed, and any
-object patch the adapter added is undone on the shared model at once (ComfyUI would only undo it when another
-patcher of that model loads), so nothing stays patched after an exception or an interrupt either.
-
-Supported samplers: any ComfyUI sampler. Cache Attention runs at a model evaluation exactly when its sigma is a
-cache step's sigma (see `steps`): euler, euler_ancestral, dpmpp_2m, uni_pc, ddim, lcm ... evaluate once per step at
-the step's sigma; heun's corrector evaluates at the next step's sigma and counts as that step; the midpoints of
-dpm_2, dpmpp_2s_ancestral, dpmpp_sde never fire. The report says which cache steps fired, and a configured step
-that never fired is logged as a warning.
+The shared MODEL is never modified: sampling runs on a clone, per-run state travels in its transformer_options,
+and everything added is removed in a `finally` (docs/cache-attention.md says where state lives and which
+samplers fire at which steps).
 """
 from __future__ import annotations
 
@@ -25,27 +13,25 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from .adapters.base import get_adapter
 from .config import ChaiConfig
+from .constants import CAPTURE_KEY, RUN_KEY
 from .donors import DonorCapture
 from .fingerprint import model_fingerprint
-from .payloads import FAST, FULL, CacheHit, SampleTrace
-from .pipeline import ChaiReport
+from .flow import Schedule, finish_fast, finish_full, plan_request, trace_for
+from .payloads import CacheHit, SampleTrace
 from .run import COND, CacheAttentionRun
-from .steps import CapturePlan, as_sigmas, match_step, plan_for_config
+from .steps import CapturePlan, first_value, match_step
 
 log = logging.getLogger(__name__)
 
-RUN_KEY = "chai_run"  # transformer_options key of the current CacheAttentionRun
-CAPTURE_KEY = "chai_capture"  # wrapper key of the donor capture on a miss
 SAMPLE_ELEMENTS = 256  # elements read from each weight tensor for the weights digest
 
-Schedule = Callable[[int], Tensor]
 
 
 class SharedRun(CacheAttentionRun):
@@ -223,15 +209,23 @@ def latent_shape(model: Any, latent: Mapping[str, Any]) -> tuple[int, ...]:
     return tuple(prepared_latent(model, latent).shape)
 
 
+def check_sampler_name(sampler_name: str) -> None:
+    """ValueError naming the choices when ComfyUI has no sampler of that name."""
+    import comfy.samplers
+
+    samplers = comfy.samplers.KSampler.SAMPLERS
+    if sampler_name not in samplers:
+        raise ValueError(f"unknown sampler {sampler_name!r}; choose one of {', '.join(samplers)}")
+
+
 def comfy_schedule(model: Any, sampler_name: str, scheduler: str) -> Schedule:
     """steps -> the sigmas ComfyUI's KSampler would use (including its penultimate-sigma rule), on the CPU."""
     import comfy.samplers
 
-    schedulers, samplers = comfy.samplers.KSampler.SCHEDULERS, comfy.samplers.KSampler.SAMPLERS
+    schedulers = comfy.samplers.KSampler.SCHEDULERS
     if scheduler not in schedulers:  # KSampler itself would silently fall back to its first choice
         raise ValueError(f"unknown scheduler {scheduler!r}; choose one of {', '.join(schedulers)}")
-    if sampler_name not in samplers:
-        raise ValueError(f"unknown sampler {sampler_name!r}; choose one of {', '.join(samplers)}")
+    check_sampler_name(sampler_name)
 
     def sigmas(steps: int) -> Tensor:
         ks = comfy.samplers.KSampler(model, steps=steps, device="cpu", sampler=sampler_name, scheduler=scheduler,
@@ -256,7 +250,6 @@ class ModelInputCapture(DonorCapture):
         super().__init__(plan, device="cpu")
         self.full_sigmas = tuple(float(s) for s in full_sigmas)
         self.shape = tuple(shape)
-        self.skipped: list[str] = []
 
     def observe(self, step: int, x: Tensor, sigma: float) -> None:
         """Record x for a planned step, replacing an earlier evaluation at the same sigma."""
@@ -277,8 +270,7 @@ class ModelInputCapture(DonorCapture):
         """APPLY_MODEL wrapper: (x, t, c_concat, c_crossattn, control, transformer_options, ...)."""
         x, t = args[0], args[1]
         options = args[5] if len(args) > 5 else kwargs.get("transformer_options") or {}
-        sigma = float(t.reshape(-1)[0].item()) if isinstance(t, Tensor) else float(t)
-        step = match_step(sigma, self.full_sigmas)
+        step = match_step(first_value(t), self.full_sigmas)
         if step is not None and step in self.plan.indices:
             part = self._chunk(x, options.get("cond_or_uncond"))
             if part is None:
@@ -286,15 +278,6 @@ class ModelInputCapture(DonorCapture):
             else:
                 self.observe(step, part, self.full_sigmas[step])
         return executor(*args, **kwargs)
-
-    def problem(self) -> str:
-        """Why the capture is incomplete ('' when it is complete)."""
-        if not self.missing:
-            return ""
-        steps = ", ".join(str(i + 1) for i in self.missing if i >= 0)
-        detail = f" ({'; '.join(self.skipped[:3])})" if self.skipped else ""
-        return (f"the sampler never evaluated the model at the planned sigmas of full-schedule steps {steps}"
-                f"{detail}; nothing to store")
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -309,21 +292,6 @@ def _restore_object_patches(clone: Any, keys: set[str]) -> None:
     for key in keys:
         if key in backup:
             comfy.utils.set_attr(clone.model, key, backup.pop(key))
-
-
-def _report_for(hit: CacheHit | None, config: ChaiConfig) -> ChaiReport:
-    report = ChaiReport(prompt=hit.prompt if hit else "", mode=FULL, steps=config.full_steps)
-    if hit is None:
-        report.lookup = "no CHAI_HIT connected: full schedule, donor latents captured"
-        report.reason = "no lookup"
-        return report
-    report.entities = hit.entities
-    report.lookup = hit.report
-    report.reason = hit.reason
-    if hit.hit:
-        report.matches = hit.matches
-        report.donor_prompt, report.donor_entry = hit.donor_prompt, hit.entry_id
-    return report
 
 
 def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, Any], *, seed: int, cfg: float,
@@ -343,35 +311,15 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
 
     start = time.perf_counter()
     comfy.model_management.throw_exception_if_processing_interrupted()
+    check_sampler_name(sampler_name)
     adapter = get_adapter(model)  # an unsupported model fails here, before any sampling, naming the supported ones
     fingerprint = comfy_model_fingerprint(model)
     samples = prepared_latent(model, latent)
     shape = tuple(samples.shape)
-    fast_sigmas = schedule(config.fast_steps)
-    fast = as_sigmas(fast_sigmas)
-    report = _report_for(hit, config)
-
-    run: SharedRun | None = None
-    if hit is not None:
-        why = hit.unusable_reason(fingerprint, shape)
-        if why is None:
-            run = SharedRun(config, fast, hit.donors)
-            try:
-                adapter.check_run(run)
-            except ValueError as exc:
-                run, why = None, str(exc)
-        if why is not None and hit.hit:
-            report.reason = f"the cached entry could not be used ({why}); sampling the full schedule"
-            report.lookup += f" (unusable: {why})"
-
-    capture: ModelInputCapture | None = None
-    if run is not None:
-        sigmas_t, sigmas = fast_sigmas, fast
-        report.mode, report.steps, report.cache_steps = FAST, config.fast_steps, config.cache_steps
-    else:
-        sigmas_t = schedule(config.full_steps)
-        sigmas = as_sigmas(sigmas_t)
-        capture = ModelInputCapture(plan_for_config(sigmas, fast, config), sigmas, shape)
+    plan = plan_request(hit, fingerprint=fingerprint, shape=shape, config=config, adapter=adapter,
+                        schedule=schedule, run_cls=SharedRun)
+    run, report = plan.run, plan.report
+    capture = ModelInputCapture(plan.capture, plan.sigmas, shape) if plan.capture is not None else None
 
     noise = comfy.sample.prepare_noise(samples, seed, latent.get("batch_index"))
     clone = model.clone()
@@ -385,7 +333,7 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
     else:
         clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY, capture)
 
-    preview = latent_preview.prepare_callback(clone, len(sigmas) - 1)
+    preview = latent_preview.prepare_callback(clone, len(plan.sigmas) - 1)
 
     def callback(step: int, x0: Tensor, x: Tensor, total_steps: int) -> None:
         # The progress hook checks too, but only when a server installed it; this works in every host.
@@ -395,8 +343,8 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
     setup = time.perf_counter()
     try:
         out = comfy.sample.sample_custom(
-            clone, noise, cfg, comfy.samplers.sampler_object(sampler_name), sigmas_t, positive, negative, samples,
-            noise_mask=latent.get("noise_mask"), callback=callback,
+            clone, noise, cfg, comfy.samplers.sampler_object(sampler_name), plan.schedule, positive, negative,
+            samples, noise_mask=latent.get("noise_mask"), callback=callback,
             disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
     finally:
         if run is not None:
@@ -409,33 +357,21 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
 
     donors, problem = None, ""
     if capture is not None:
-        problem = capture.problem()
-        donors = None if problem else capture.donors()
-        sig = ", ".join(f"{s:.4f}" for s in (donors.sigmas if donors else ()))
-        report.attention = (f"captured {len(donors)} donor latents at sigmas {sig}" if donors
-                            else f"capture incomplete: {problem}")
+        donors, problem = finish_full(plan, capture)
     else:
-        report.fired_steps = run.fired_steps
-        report.attention = run.summary()
-        if set(run.fired_steps) != set(config.cache_steps):
-            log.warning("[CHAI] %s", report.attention)
+        finish_fast(plan)
     report.timings["total"] = time.perf_counter() - start
     out_latent = dict(latent)
     out_latent["samples"] = out
-    trace = SampleTrace(
-        mode=report.mode, fingerprint=fingerprint, shape=shape, config=config, sampler_name=sampler_name,
-        scheduler=scheduler, sigmas=sigmas, report=report, donors=donors, capture_problem=problem,
-        donor_entry=hit.entry_id if run is not None else None,
-        donor_cache=hit.cache_root if run is not None else None,
-        fired_steps=run.fired_steps if run is not None else (),
-        firings=tuple(run.firings) if run is not None else ())
+    trace = trace_for(plan, hit, fingerprint=fingerprint, shape=shape, config=config, sampler_name=sampler_name,
+                      scheduler=scheduler, donors=donors, capture_problem=problem)
     log.info("[CHAI] %s run: %d steps in %.2f s (%s)", report.mode, report.steps, report.timings["sample"],
              report.attention)
     return out_latent, trace
 
 
 __all__ = [
-    "RUN_KEY", "CAPTURE_KEY", "SharedRun", "original_weights_digest", "patches_digest", "comfy_model_fingerprint",
-    "text_encoder_name", "encode_phrases", "prepared_latent", "latent_shape", "comfy_schedule", "ModelInputCapture",
+    "SharedRun", "original_weights_digest", "patches_digest", "comfy_model_fingerprint", "text_encoder_name",
+    "encode_phrases", "prepared_latent", "latent_shape", "check_sampler_name", "comfy_schedule", "ModelInputCapture",
     "chai_sample",
 ]

@@ -4,9 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Sequence
 
-KV_MODES: tuple[str, ...] = ("replace", "concat")
-APPLY_TO: tuple[str, ...] = ("cond", "both")
-DONOR_MAPPINGS: tuple[str, ...] = ("matched_sigma", "same_index", "final_clean")
+from .constants import APPLY_TO, DONOR_MAPPINGS, KV_MODES
 
 
 def parse_cache_steps(value: str | int | Sequence[int] | None) -> tuple[int, ...]:
@@ -39,6 +37,16 @@ def parse_cache_steps(value: str | int | Sequence[int] | None) -> tuple[int, ...
     return tuple(sorted(set(steps)))
 
 
+def check_cache_steps(value: str | int | Sequence[int] | None, fast_steps: int) -> tuple[int, ...]:
+    """Parsed cache steps that all lie within the fast schedule; ValueError otherwise."""
+    steps = parse_cache_steps(value)
+    late = [s for s in steps if s > fast_steps]
+    if late:
+        raise ValueError(f"cache steps {late} lie beyond the {fast_steps} fast steps; choose steps in "
+                         f"1..{fast_steps} (the paper uses 2,3,4 of 8)")
+    return steps
+
+
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"ChaiConfig.{name} must be a positive whole number, got {value!r}")
@@ -65,11 +73,7 @@ class ChaiConfig:
     def __post_init__(self) -> None:
         _positive_int("full_steps", self.full_steps)
         _positive_int("fast_steps", self.fast_steps)
-        object.__setattr__(self, "cache_steps", parse_cache_steps(self.cache_steps))
-        late = [s for s in self.cache_steps if s > self.fast_steps]
-        if late:
-            raise ValueError(f"cache steps {late} lie beyond the {self.fast_steps} fast steps; choose steps in "
-                             f"1..{self.fast_steps} (the paper uses 2,3,4 of 8)")
+        object.__setattr__(self, "cache_steps", check_cache_steps(self.cache_steps, self.fast_steps))
         _choice("kv_mode", self.kv_mode, KV_MODES)
         _choice("apply_to", self.apply_to, APPLY_TO)
         _choice("donor_mapping", self.donor_mapping, DONOR_MAPPINGS)

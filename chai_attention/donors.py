@@ -90,6 +90,7 @@ class DonorCapture:
         self._wanted = dict(zip(plan.indices, plan.sigmas))
         self._kept: dict[int, Donor] = {}
         self._final: Donor | None = None
+        self.skipped: list[str] = []  # why evaluations at planned sigmas could not be kept
 
     def observe(self, step: int, x: Tensor, sigma: float) -> None:
         """Record the latent x entering 0-based step `step` at `sigma` when the plan wants it."""
@@ -111,6 +112,15 @@ class DonorCapture:
         """Planned step indices not seen yet (-1 stands for the final latent)."""
         gone = tuple(i for i in self.plan.indices if i not in self._kept)
         return gone + ((-1,) if self.plan.final and self._final is None else ())
+
+    def problem(self) -> str:
+        """Why the capture is incomplete ('' when it is complete)."""
+        if not self.missing:
+            return ""
+        steps = ", ".join(str(i + 1) for i in self.missing if i >= 0) or "the final latent"
+        detail = f" ({'; '.join(self.skipped[:3])})" if self.skipped else ""
+        return (f"the sampler never evaluated the model at the planned sigmas of full-schedule steps {steps}"
+                f"{detail}; nothing to store")
 
     def donors(self) -> DonorSet:
         """The captured donor set; raises when a planned latent was never seen (e.g. an interrupted run)."""

@@ -11,10 +11,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ChaiConfig
+from .constants import FAST
 from .donors import DonorSet
-from .pipeline import ChaiReport
 
-FULL, FAST = "full", "fast"
+
+@dataclass
+class ChaiReport:
+    """What one request did: mode, steps, what matched, where the time went."""
+
+    prompt: str
+    mode: str  # FULL (miss) or FAST (hit)
+    steps: int
+    entities: tuple[str, ...] = ()
+    lookup: str = ""
+    matches: tuple[tuple[str, str, float], ...] = ()  # (query entity, stored entity, similarity)
+    donor_prompt: str | None = None
+    donor_entry: int | None = None
+    reason: str = ""  # the miss reason (or why a hit could not be used); "shared entities" on a hit
+    cache_steps: tuple[int, ...] = ()
+    fired_steps: tuple[int, ...] = ()
+    attention: str = ""
+    write: str = ""
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
+
+    def text(self) -> str:
+        """Multi-line human-readable report."""
+        head = "hit" if self.mode == FAST else "miss"
+        lines = [f"CHAI {self.mode} ({head}): {self.steps} steps",
+                 f"entities: {', '.join(self.entities) or '(none)'}",
+                 f"lookup: {self.lookup}"]
+        if self.attention:
+            lines.append(self.attention)
+        if self.write:
+            lines.append(f"write: {self.write}")
+        stages = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
+        lines.append(f"time: {stages}")
+        return "\n".join(lines)
 
 
 @dataclass(eq=False)

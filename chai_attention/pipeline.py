@@ -8,7 +8,7 @@ sampler: batched calls carry [cond; uncond] in that order, split calls are told 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -17,47 +17,16 @@ from torch import Tensor
 from ..opensora import sampler as opensora_sampler
 from ..opensora import schedule as opensora_schedule
 from .adapters.base import get_adapter
+from .cache_io import lookup_hit, write_trace
 from .config import ChaiConfig
 from .donors import DonorCapture, DonorSet
 from .fingerprint import model_fingerprint
+from .flow import finish_fast, finish_full, plan_request, trace_for
+from .payloads import ChaiReport, PromptEntities
 from .run import BATCHED_CFG, COND, UNCOND, CacheAttentionRun
-from .steps import as_sigmas, plan_for_config
+from .steps import as_sigmas
 
 TextEncode = Callable[[str], "Tensor | tuple[Tensor, Tensor | None]"]
-
-
-@dataclass
-class ChaiReport:
-    """What one request did: mode, steps, what matched, where the time went."""
-
-    prompt: str
-    mode: str  # "full" (miss) or "fast" (hit)
-    steps: int
-    entities: tuple[str, ...] = ()
-    lookup: str = ""
-    matches: tuple[tuple[str, str, float], ...] = ()  # (query entity, stored entity, similarity)
-    donor_prompt: str | None = None
-    donor_entry: int | None = None
-    reason: str = ""  # the miss reason (or why a hit could not be used); "shared entities" on a hit
-    cache_steps: tuple[int, ...] = ()
-    fired_steps: tuple[int, ...] = ()
-    attention: str = ""
-    write: str = ""
-    timings: dict[str, float] = field(default_factory=dict)  # seconds per stage
-
-    def text(self) -> str:
-        """Multi-line human-readable report."""
-        head = "hit" if self.mode == "fast" else "miss"
-        lines = [f"CHAI {self.mode} ({head}): {self.steps} steps",
-                 f"entities: {', '.join(self.entities) or '(none)'}",
-                 f"lookup: {self.lookup}"]
-        if self.attention:
-            lines.append(self.attention)
-        if self.write:
-            lines.append(f"write: {self.write}")
-        stages = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in self.timings.items())
-        lines.append(f"time: {stages}")
-        return "\n".join(lines)
 
 
 @dataclass
@@ -85,7 +54,7 @@ class PatchedModel:
     """Model callable for the reference sampler that adds the adapter's Cache Attention to every call."""
 
     def __init__(self, model: Any, adapter: Any, run: CacheAttentionRun, cond: Tensor, batch: int) -> None:
-        if not hasattr(adapter, "attn_replace"):
+        if not adapter.pure_torch:
             raise TypeError(f"the {adapter.family} adapter has no attn_replace hook for the pure-torch pipeline")
         self.model, self.adapter, self.run, self.cond, self.batch = model, adapter, run, cond, batch
 
@@ -130,7 +99,6 @@ class ChaiPipeline:
         self.batch_size = int(batch_size)
         self.batched_cfg = batched_cfg
         self._schedule = schedule
-        self._sampler = opensora_sampler
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -166,70 +134,49 @@ class ChaiPipeline:
 
     def _kwargs(self, mask: Tensor | None) -> dict[str, Any]:
         v = self.video
-        return self._sampler.opensora_model_kwargs(v.height, v.width, v.num_frames, self.batch_size, v.fps, mask,
+        return opensora_sampler.opensora_model_kwargs(v.height, v.width, v.num_frames, self.batch_size, v.fps, mask,
                                                    self._device())
 
     def generate(self, prompt: str, seed: int) -> ChaiResult:
         """One request: look up, sample fast with Cache Attention on a hit or full with capture on a miss, store."""
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        entities = self.cache.embed_prompt(prompt)
+        entities = PromptEntities(prompt, tuple(self.cache.extractor.extract(prompt or "")))
         timings["entities"] = time.perf_counter() - start
         t = time.perf_counter()
-        found = self.cache.lookup(entities, self.fingerprint, self.shape, self.threshold)
+        hit = lookup_hit(self.cache, entities, self.fingerprint, self.shape, self.threshold)
         timings["lookup"] = time.perf_counter() - t
-        report = ChaiReport(prompt, "full", self.config.full_steps, tuple(entities.texts), found.report(),
-                            reason=found.reason)
-        donors = None
-        if found.hit:
-            report.matches = tuple((m.query, m.entity, float(m.similarity)) for m in found.matches)
-            report.donor_prompt, report.donor_entry = found.entry.prompt, found.entry.id
-            try:
-                donors = DonorSet.from_lookup(found)
-                if donors.shape != self.shape:
-                    raise ValueError(f"donor shape {donors.shape} differs from the latent shape {self.shape}")
-            except ValueError as exc:
-                donors = None
-                report.reason = f"the cached entry could not be used ({exc}); sampling the full schedule"
-                report.lookup += f" (unusable: {exc})"
+        plan = plan_request(hit, fingerprint=self.fingerprint, shape=self.shape, config=self.config,
+                            adapter=self.adapter, schedule=self.sigmas)
         t = time.perf_counter()
         y, uncond, mask = self._encode(prompt)
         timings["text_encode"] = time.perf_counter() - t
-        noise = self._sampler.make_noise(self.shape, seed, device=self._device())
+        noise = opensora_sampler.make_noise(self.shape, seed, device=self._device())
         kwargs = self._kwargs(mask)
         use_uncond = uncond if self.cfg != 1.0 else None
-        fast_sigmas = self.sigmas(self.config.fast_steps)
         t = time.perf_counter()
-        if donors is not None:
-            run = CacheAttentionRun(self.config, fast_sigmas, donors)
-            self.adapter.check_run(run)
-            patched = PatchedModel(self.model, self.adapter, run, y, self.batch_size)
+        donors, problem = None, ""
+        if plan.run is not None:
+            patched = PatchedModel(self.model, self.adapter, plan.run, y, self.batch_size)
             try:
-                latent = self._sampler.sample(patched, noise, y, use_uncond, fast_sigmas, self.cfg, None, kwargs,
-                                              batched_cfg=self.batched_cfg)
+                latent = opensora_sampler.sample(patched, noise, y, use_uncond, plan.sigmas, self.cfg, None, kwargs,
+                                                 batched_cfg=self.batched_cfg)
             finally:
-                run.release()
-            timings["sample"] = time.perf_counter() - t
-            report.mode, report.steps = "fast", self.config.fast_steps
-            report.cache_steps, report.fired_steps = self.config.cache_steps, run.fired_steps
-            report.attention = run.summary()
-            report.write = "skipped: fast runs store nothing (the lookup refreshed the donor's recency)"
-            timings["total"] = time.perf_counter() - start
-            report.timings = timings
-            return ChaiResult(latent, report, donors, run)
-        full_sigmas = self.sigmas(self.config.full_steps)
-        capture = DonorCapture(plan_for_config(full_sigmas, fast_sigmas, self.config))
-        latent = self._sampler.sample(self.model, noise, y, use_uncond, full_sigmas, self.cfg, capture, kwargs,
-                                      batched_cfg=self.batched_cfg)
-        capture.observe_final(latent, full_sigmas[-1])
+                plan.run.release()
+            finish_fast(plan)
+        else:
+            capture = DonorCapture(plan.capture)
+            latent = opensora_sampler.sample(self.model, noise, y, use_uncond, plan.sigmas, self.cfg, capture, kwargs,
+                                             batched_cfg=self.batched_cfg)
+            capture.observe_final(latent, plan.sigmas[-1])
+            donors, problem = finish_full(plan, capture)
         timings["sample"] = time.perf_counter() - t
-        captured = capture.donors()
+        trace = trace_for(plan, hit, fingerprint=self.fingerprint, shape=self.shape, config=self.config,
+                          sampler_name="euler",
+                          scheduler="opensora" if self._schedule is None else "custom", donors=donors, capture_problem=problem)
         t = time.perf_counter()
-        tensors, sigmas = captured.to_entry()
-        written = self.cache.write(prompt, entities, self.fingerprint, tensors, sigmas, shape=self.shape)
+        _, plan.report.write = write_trace(self.cache, entities, trace)
         timings["write"] = time.perf_counter() - t
-        sig = ", ".join(f"{s:.4f}" for s in sigmas)
-        report.write = f"{written.reason}; donor sigmas {sig}" if written.stored else f"not stored: {written.reason}"
         timings["total"] = time.perf_counter() - start
-        report.timings = timings
-        return ChaiResult(latent, report, captured, None)
+        plan.report.timings = timings
+        return ChaiResult(latent, plan.report, donors if plan.run is None else hit.donors, plan.run)

@@ -30,7 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .config import DONOR_MAPPINGS, ChaiConfig
+from .config import ChaiConfig
+from .constants import DONOR_MAPPINGS
 
 SIGMA_RTOL = 1e-4
 SIGMA_ATOL = 1e-6
@@ -46,6 +47,22 @@ def as_sigmas(sigmas: Any) -> tuple[float, ...]:
     if any(b >= a for a, b in zip(values, values[1:])):
         raise ValueError("schedule sigmas must be strictly decreasing")
     return values
+
+
+def first_value(value: Any) -> float | None:
+    """The first element of a sigma tensor or sequence (ComfyUI's transformer_options["sigmas"]), None if empty."""
+    if value is None:
+        return None
+    if hasattr(value, "reshape"):
+        return float(value.reshape(-1)[0].item()) if value.numel() else None
+    if isinstance(value, (int, float)):
+        return float(value)
+    return float(value[0]) if len(value) else None
+
+
+def options_sigma(options: Any) -> float | None:
+    """The sigma of the model evaluation that carries these transformer_options (None when absent)."""
+    return first_value((options or {}).get("sigmas"))
 
 
 def match_step(sigma: float, sigmas: Sequence[float], rtol: float = SIGMA_RTOL,

@@ -1,14 +1,47 @@
 """The ComfyUI face of CHAI: V3 nodes, imported only when ComfyUI asks for the node list."""
 from __future__ import annotations
 
-import importlib
 import logging
-from typing import Any
+from types import ModuleType
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-# Modules that define nodes, each exporting NODES (a list of io.ComfyNode classes), in menu order.
-_NODE_MODULES = ("cache_nodes", "chai_nodes", "opensora_nodes", "opensora_vae_nodes", "toy_nodes")
+
+def _cache_nodes() -> ModuleType:
+    from . import cache_nodes
+
+    return cache_nodes
+
+
+def _chai_nodes() -> ModuleType:
+    from . import chai_nodes
+
+    return chai_nodes
+
+
+def _opensora_nodes() -> ModuleType:
+    from . import opensora_nodes
+
+    return opensora_nodes
+
+
+def _opensora_vae_nodes() -> ModuleType:
+    from . import opensora_vae_nodes
+
+    return opensora_vae_nodes
+
+
+def _toy_nodes() -> ModuleType:
+    from . import toy_nodes
+
+    return toy_nodes
+
+
+# The modules that define nodes, each exporting NODES (a list of io.ComfyNode classes), in menu order; each is
+# imported on its own so that one broken group of nodes cannot take the others down.
+_NODE_MODULES: tuple[Callable[[], ModuleType], ...] = (
+    _cache_nodes, _chai_nodes, _opensora_nodes, _opensora_vae_nodes, _toy_nodes)
 
 
 def node_list() -> list[type]:
@@ -18,11 +51,11 @@ def node_list() -> list[type]:
     register_cache_folder()
     register_toy_weights_folder()
     classes: list[type] = []
-    for name in _NODE_MODULES:
+    for load in _NODE_MODULES:
         try:
-            module = importlib.import_module(f".{name}", __name__)
-        except ImportError as exc:  # one broken group of nodes must not take the others down
-            log.error("[CHAI] the nodes in %s could not be loaded: %s", name, exc)
+            module = load()
+        except ImportError as exc:
+            log.error("[CHAI] the nodes in %s could not be loaded: %s", load.__name__.strip("_"), exc)
             continue
         classes.extend(module.NODES)
     return classes

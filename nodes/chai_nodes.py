@@ -15,6 +15,7 @@ from typing import Any
 import comfy.samplers
 from comfy_api.latest import io, ui
 
+from ..chai_attention import constants
 from .cache_nodes import CHAI_CACHE
 from .errors import ChaiNodeError, user_errors
 
@@ -28,8 +29,8 @@ CHAI_TRACE = io.Custom("CHAI_TRACE")
 OPENSORA_SCHEDULER = "opensora"
 SAMPLERS = list(comfy.samplers.KSampler.SAMPLERS)
 SCHEDULERS = [*comfy.samplers.KSampler.SCHEDULERS, OPENSORA_SCHEDULER]
-KV_MODES = ["replace", "concat"]
-APPLY_TO = ["cond", "both"]
+KV_MODES = list(constants.KV_MODES)
+APPLY_TO = list(constants.APPLY_TO)
 # Provisional threshold for the workflow's own text encoder (pooled or mean-pooled features). Unlike MiniLM's
 # 0.70 it is not calibrated: set the lookup's threshold explicitly after checking a few reports.
 TEXT_ENCODER_THRESHOLD = 0.85
@@ -37,7 +38,8 @@ MAX_STEPS = 1000
 
 _EXTRACTOR: Any = None
 _EXTRACTOR_LOCK = threading.Lock()
-_TEXT_EMBEDDERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_TEXT_EMBEDDERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # CLIP -> its embedder
+_TEXT_EMBEDDERS_LOCK = threading.Lock()
 
 
 def shared_extractor() -> Any:
@@ -53,7 +55,7 @@ def shared_extractor() -> Any:
 
 def text_encoder_embedder(clip: Any) -> Any:
     """A FunctionEmbedder over the workflow's CLIP (memoised per CLIP object)."""
-    with _EXTRACTOR_LOCK:
+    with _TEXT_EMBEDDERS_LOCK:
         found = _TEXT_EMBEDDERS.get(clip)
     if found is not None:
         return found
@@ -63,7 +65,7 @@ def text_encoder_embedder(clip: Any) -> Any:
     dim = int(encode_phrases(clip, ["object"]).shape[-1])
     embedder = FunctionEmbedder(text_encoder_name(clip), lambda phrases: encode_phrases(clip, phrases), dim,
                                 TEXT_ENCODER_THRESHOLD)
-    with _EXTRACTOR_LOCK:
+    with _TEXT_EMBEDDERS_LOCK:
         _TEXT_EMBEDDERS[clip] = embedder
     return embedder
 
@@ -245,24 +247,17 @@ class Sampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, sampler_name: str | None = None, scheduler: str | None = None,
-                        kv_mode: str | None = None, apply_to: str | None = None, cache_steps: str | None = None,
-                        fast_steps: int | None = None) -> bool | str:
-        """Reject unknown choices and cache steps outside the fast schedule before anything runs."""
-        for value, options, name in ((sampler_name, SAMPLERS, "sampler_name"), (scheduler, SCHEDULERS, "scheduler"),
-                                     (kv_mode, KV_MODES, "kv_mode"), (apply_to, APPLY_TO, "apply_to")):
-            if value is not None and value not in options:
-                return f"unknown {name} {value!r}; choose one of {', '.join(options)}"
-        if cache_steps is not None:
-            from ..chai_attention.config import parse_cache_steps
+    def validate_inputs(cls, cache_steps: str | None = None, fast_steps: int | None = None) -> bool | str:
+        """Reject cache steps that do not parse or lie outside the fast schedule before anything runs.
 
-            try:
-                steps = parse_cache_steps(cache_steps)
-            except ValueError as exc:
-                return str(exc)
-            if fast_steps is not None and any(s > fast_steps for s in steps):
-                return (f"cache steps {cache_steps!r} lie beyond the {fast_steps} fast steps; the paper uses 2,3,4 "
-                        "of 8")
+        Combo inputs need no check here: ComfyUI validates them against their option lists.
+        """
+        from ..chai_attention.config import check_cache_steps
+
+        try:
+            check_cache_steps(cache_steps, MAX_STEPS if fast_steps is None else fast_steps)
+        except ValueError as exc:
+            return str(exc)
         return True
 
     @classmethod
@@ -270,9 +265,6 @@ class Sampler(io.ComfyNode):
                 sampler_name: str, scheduler: str, full_steps: int, fast_steps: int, cache_steps: str,
                 kv_mode: str, apply_to: str, hit: Any = None) -> io.NodeOutput:
         node = "CHAI Sampler"
-        problem = cls.validate_inputs(sampler_name, scheduler, kv_mode, apply_to, cache_steps, fast_steps)
-        if problem is not True:
-            raise ChaiNodeError(f"{node}: {problem}")
         with user_errors(node):
             from ..chai_attention.comfy_glue import chai_sample, comfy_schedule
             from ..chai_attention.config import ChaiConfig

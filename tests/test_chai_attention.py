@@ -421,3 +421,12 @@ def test_options_driven_patch_reads_layout_sigma_and_run_from_transformer_option
         untouched = model(z.expand(n, *z.shape[1:]), torch.full((n,), 999.0), ys_swapped, mask=mask_swapped,
                           attn_replace=with_options(no_run), **kw)
     assert torch.equal(untouched, plain)
+
+
+def test_options_sigma_reads_the_first_sigma_of_tensors_and_sequences():
+    from comfyui_chai.chai_attention.steps import options_sigma
+
+    assert options_sigma({"sigmas": torch.tensor([0.5, 0.25])}) == pytest.approx(0.5)
+    assert options_sigma({"sigmas": [0.25, 0.1]}) == 0.25
+    assert options_sigma({}) is None and options_sigma(None) is None
+    assert options_sigma({"sigmas": torch.tensor([])}) is None

@@ -17,8 +17,8 @@ from comfyui_chai.chai_attention.cache_io import lookup_hit, resolve_threshold, 
 from comfyui_chai.chai_attention.comfy_glue import (ModelInputCapture, SharedRun, original_weights_digest, patches_digest)
 from comfyui_chai.chai_attention.config import ChaiConfig
 from comfyui_chai.chai_attention.donors import Donor, DonorSet
-from comfyui_chai.chai_attention.payloads import FAST, FULL, CacheHit, PromptEntities, SampleTrace
-from comfyui_chai.chai_attention.pipeline import ChaiReport
+from comfyui_chai.chai_attention.constants import FAST, FULL
+from comfyui_chai.chai_attention.payloads import CacheHit, ChaiReport, PromptEntities, SampleTrace
 from comfyui_chai.chai_attention.steps import capture_plan
 
 SHAPE = (1, 4, 3, 4, 4)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from comfyui_chai.chai_attention.adapters import UnsupportedModelError, get_adapter, supported_families
 from comfyui_chai.chai_attention.adapters import base as adapters_base
-from comfyui_chai.chai_attention.adapters.wan import (CALL_KEY, WanAdapter, WanCall, first_sigma, pad_to_patch, per_token,
+from comfyui_chai.chai_attention.adapters.wan import (CALL_KEY, WanAdapter, WanCall, pad_to_patch, per_token,
                                          sinusoid)
 from comfyui_chai.chai_attention.config import ChaiConfig
 from comfyui_chai.chai_attention.donors import Donor, DonorSet
@@ -213,17 +213,10 @@ def test_sinusoid_is_cos_then_sin_of_geometric_frequencies():
     torch.testing.assert_close(emb, torch.tensor(want), atol=1e-4, rtol=1e-5)
 
 
-def test_first_sigma_reads_tensors_and_sequences():
-    assert first_sigma(torch.tensor([0.5, 0.5])) == pytest.approx(0.5)
-    assert first_sigma([0.25]) == 0.25
-    assert first_sigma(None) is None and first_sigma(torch.tensor([])) is None
-
-
 # --------------------------------------------------------------------------------------------- recognition
 
 
 def test_registry_lists_wan_and_picks_it_by_structure(net):
-    assert adapters_base._BUILTIN["wan"] == ".wan:WanAdapter"
     assert any(f.startswith("wan (Wan 2.1 / 2.2 text-to-video") for f in supported_families())
     assert isinstance(get_adapter(FakePatcher(net)), WanAdapter)
     with pytest.raises(UnsupportedModelError, match="supported: stdit3 .*; wan "):

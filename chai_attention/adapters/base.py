@@ -1,13 +1,13 @@
 """The adapter interface (one per model family) and the registry that picks the adapter for a model."""
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 from torch import Tensor, nn
 
-from ..run import CacheAttentionRun
+from ..constants import RUN_KEY
+from ..run import BATCHED_CFG, CacheAttentionRun
 
 
 class UnsupportedModelError(TypeError):
@@ -38,6 +38,7 @@ class ModelAdapter(ABC):
 
     family: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    pure_torch: ClassVar[bool] = False  # True when `attn_replace` serves the pure-torch pipeline
 
     def __init__(self, model: Any) -> None:
         self.model = unwrap_model(model)
@@ -70,10 +71,15 @@ class ModelAdapter(ABC):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, context: Any) -> Tensor:
         """The block's attention and output projection, as the unpatched block computes it."""
 
-    def check_run(self, run: CacheAttentionRun) -> None:
-        """Raise ValueError when the run's donors cannot serve this model (default: no check)."""
+    def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
+        """Raise ValueError when the run's donors cannot serve this model on a latent of `latent_shape`."""
 
-    def comfy_install(self, patcher: Any, run_key: str = "chai_run") -> None:
+    def attn_replace(self, run: CacheAttentionRun, cond_or_uncond: Sequence[int] = BATCHED_CFG,
+                     sigma: float | None = None) -> dict[Any, Callable[..., Any]]:
+        """The model's `attn_replace` mapping for one pure-torch forward call (only where `pure_torch`)."""
+        raise TypeError(f"the {self.family} adapter has no attn_replace hook for the pure-torch pipeline")
+
+    def comfy_install(self, patcher: Any, run_key: str = RUN_KEY) -> None:
         """Install the Cache Attention patch on a ComfyUI ModelPatcher *clone* through its public hooks.
 
         The run itself travels per sampling call in transformer_options[run_key], never on the model.
@@ -81,28 +87,24 @@ class ModelAdapter(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no ComfyUI installation")
 
 
-# family -> "relative.module:ClassName"; adapters load on first use so importing the registry stays cheap.
-_BUILTIN: dict[str, str] = {
-    "stdit3": ".stdit3:STDiT3Adapter",
-    "wan": ".wan:WanAdapter",
-}
-_LOADED: dict[str, type[ModelAdapter]] = {}
+_REGISTERED: dict[str, type[ModelAdapter]] = {}
 
 
 def register_adapter(cls: type[ModelAdapter]) -> type[ModelAdapter]:
     """Add (or replace) the adapter for `cls.family`; usable as a class decorator."""
     if not cls.family:
         raise ValueError(f"{cls.__name__} has no family name")
-    _LOADED[cls.family] = cls
+    _REGISTERED[cls.family] = cls
     return cls
 
 
 def _adapter_classes() -> list[type[ModelAdapter]]:
-    for family, target in _BUILTIN.items():
-        if family not in _LOADED:
-            module, _, name = target.partition(":")
-            _LOADED[family] = getattr(importlib.import_module(module, __package__), name)
-    return list(_LOADED.values())
+    # Imported on first use so that importing the registry stays cheap.
+    from .stdit3 import STDiT3Adapter
+    from .wan import WanAdapter
+
+    builtin = {c.family: c for c in (STDiT3Adapter, WanAdapter)}
+    return list({**builtin, **_REGISTERED}.values())
 
 
 def supported_families() -> list[str]:

@@ -15,12 +15,12 @@ from typing import Any, Callable, Sequence
 
 from torch import Tensor, nn
 
+from ...opensora.stdit3 import DEFAULT_FPS, STDiT3
+from ..constants import RUN_KEY, TIMESTEP_SCALE
 from ..kv import cache_attention, chunk_row_mask
 from ..run import BATCHED_CFG, COND, CacheAttentionRun, StepPlan
+from ..steps import first_value, options_sigma
 from .base import ModelAdapter
-
-NUM_TIMESTEPS = 1000.0  # STDiT3 timesteps are 1000 * flow sigma
-RUN_KEY = "chai_run"  # transformer_options key that may hold the CacheAttentionRun of the current sampling
 
 
 @dataclass(frozen=True)
@@ -33,11 +33,10 @@ class STDiT3Context:
 
 def sigma_of_call(call: Any) -> float:
     """Flow sigma of an STDiT3 self-attention call, from its forward timestep (first element)."""
-    t = call.info.get("timestep")
+    t = first_value(call.info.get("timestep"))
     if t is None:
         raise ValueError("the STDiT3 call carries no timestep; pass sigma explicitly")
-    value = float(t.reshape(-1)[0].item()) if isinstance(t, Tensor) else float(t)
-    return value / NUM_TIMESTEPS
+    return t / TIMESTEP_SCALE
 
 
 class STDiT3Adapter(ModelAdapter):
@@ -46,12 +45,11 @@ class STDiT3Adapter(ModelAdapter):
     family = "stdit3"
     description = "Open-Sora 1.2 STDiT3, spatial_blocks[0]"
     PATCH_KEY = ("spatial_attn", 0)
+    pure_torch = True
 
     @classmethod
     def recognise(cls, model: Any) -> bool:
         """An STDiT3 instance, or a module with STDiT3's blocks and input hooks."""
-        from ...opensora.stdit3 import STDiT3
-
         if isinstance(model, STDiT3):
             return True
         return isinstance(model, nn.Module) and all(
@@ -79,9 +77,9 @@ class STDiT3Adapter(ModelAdapter):
         if context.modulation_sigma is None:
             t_mlp = call.t_mlp[:1]  # every row of a call shares the timestep
         else:
-            fps = call.info.get("fps")
-            fps = float(fps.reshape(-1)[0].item()) if isinstance(fps, Tensor) else (24.0 if fps is None else fps)
-            _, t_mlp = model.embed_timestep(context.modulation_sigma * NUM_TIMESTEPS, fps, 1)
+            fps = first_value(call.info.get("fps"))
+            _, t_mlp = model.embed_timestep(context.modulation_sigma * TIMESTEP_SCALE,
+                                            DEFAULT_FPS if fps is None else fps, 1)
         return self.first_block().modulated_attn_input(tokens, t_mlp.to(tokens.dtype))
 
     def donor_kv(self, donor: Tensor, context: STDiT3Context) -> tuple[Tensor, Tensor]:
@@ -146,11 +144,7 @@ class STDiT3Adapter(ModelAdapter):
             if active is None:
                 return call.block.attn.attend(call.q, call.k, call.v)
             layout = tuple(int(c) for c in options.get("cond_or_uncond") or (COND,))
-            sigmas = options.get("sigmas")
-            sigma = None
-            if sigmas is not None:
-                sigma = float(sigmas.reshape(-1)[0].item()) if isinstance(sigmas, Tensor) else float(sigmas[0])
-            return self.replace_fn(active, layout, sigma)(call)
+            return self.replace_fn(active, layout, options_sigma(options))(call)
 
         return replace
 
@@ -162,7 +156,7 @@ class STDiT3Adapter(ModelAdapter):
         """
         patcher.set_model_patch_replace(self.options_replace_fn(run_key=run_key), "dit", *self.PATCH_KEY)
 
-    def check_run(self, run: CacheAttentionRun) -> None:
+    def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
         """Donor latents must be 4-D or 5-D STDiT3 latents with the model's channel count."""
         shape = run.donors.shape
         channels = self.model.config.in_channels

@@ -1,43 +1,10 @@
 """Cache Attention for ComfyUI's Wan 2.1 / 2.2 text-to-video models (`comfy.ldm.wan.model.WanModel`).
 
-Where. Wan has no spatial-only block: `blocks[0].self_attn` is a full 3-D attention over every latent token,
-so one attention row per sample holds the whole sequence and the donor is aligned with the live latent token by
-token (frame i, row y, column x of the donor serve the same position of the live latent). RoPE comes from the
-live call: a hit needs the donor latent to have the live latent's shape, which is checked.
-
-Donor path (the live latent's own path into block 0, at the live call's timestep): donor latent [Bd, C, T, H, W]
--> the live dtype, circular padding to the patch size (as WanModel pads its input) -> `patch_embedding` in
-float32 then the live dtype -> tokens [Bd, L, dim] -> block 0's `norm1` with the adaLN shift/scale made of
-block 0's `modulation` plus the live call's time embedding e0 -> `self_attn.k` + `norm_k` + RoPE(live freqs) for
-K, `self_attn.v` for V. Nothing on that path depends on the text, so the donor K/V are computed once per step
-(`CacheAttentionRun.donor_kv`) and shared by the CFG halves and by split cond/uncond calls.
-
-How e0 and freqs reach the attention (ComfyUI, `comfy_install`). Two public hooks on a ModelPatcher clone:
-1. a DiT block replace for block 0 (`set_model_patch_replace(fn, "dit", "double_block", 0)`): WanModel calls it
-   with the block's arguments, e0 among them (`args["vec"]`). When transformer_options[run_key] holds a run and
-   transformer_options["sigmas"] is one of its cache steps, it calls the original block with a *copy* of
-   transformer_options carrying a `WanCall` (run, step plan, CFG flags, e0) under CALL_KEY; otherwise it calls
-   the original block untouched.
-2. an object patch of `diffusion_model.blocks.0.self_attn.forward`: the block hands its own transformer_options
-   and the live RoPE table `freqs` to self-attention. Without CALL_KEY the patch calls the original forward;
-   with it, it computes q/k/v with the module's own layers exactly as the original forward does, then
-   `kv.cache_attention` with the donor K/V and ComfyUI's attention function and the module's `o`.
-   The rope and attention functions are the ones WanSelfAttention.forward itself calls (looked up in its
-   module's globals, so no ComfyUI import here). The model forward, the block forward and the rest of the
-   attention are never copied; the few lines that are (q/k/v projection order, adaLN shift/scale) are needed to
-   feed donor tokens through the same layers. Nothing is stored on the shared model: the object patch lives in
-   the clone's object_patches, the per-call state in a per-call transformer_options copy.
-
-Supported. Wan 2.1 T2V 1.3B / 14B (ComfyUI's WAN21, 16-channel latent); Wan 2.2 T2V A14B (both experts are
-WAN21-structured models: install on the clone of each expert that samples a cache step; steps are matched by
-sigma against the full fast schedule, so KSamplerAdvanced step ranges do not shift them); Wan 2.2 TI2V 5B
-(WAN22, 48-channel latent) for text-to-video, where its timestep is one per sample as in 2.1. With a start
-image or a denoise mask WAN22 uses one timestep per latent frame (e0 [B, T, 6, dim]); the donor's frame i is then
-modulated with the live frame i's e0, as the block does for the live tokens, which runs but is not a
-text-to-video setting (the donor's first frame is no conditioning image). Refused with a clear message:
-image-to-video and first/last-frame models (CLIP image embedding, extra input channels), Fun-Control / inpaint
-(extra input channels), VACE, Camera, HuMo, S2V and Animate (extra streams before block 0, or a block loop
-without transformer_options).
+Wan has no spatial-only block: `blocks[0].self_attn` is a full 3-D attention, so donor and live latents are
+aligned token by token and a hit needs the same latent shape (RoPE comes from the live call). Installed on a
+ModelPatcher clone through two public hooks: a DiT block replace of block 0 marks cache-step calls (it sees the
+time embedding e0), and an object patch of block 0's `self_attn.forward` attends with the donor K/V on marked
+calls. The donor path, the supported and refused variants and why are in docs/cache-attention.md.
 """
 from __future__ import annotations
 
@@ -49,14 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..constants import RUN_KEY, TIMESTEP_SCALE
 from ..kv import cache_attention, chunk_row_mask
 from ..run import COND, CacheAttentionRun, StepPlan
+from ..steps import options_sigma
 from .base import ModelAdapter, UnsupportedModelError
 
-RUN_KEY = "chai_run"  # transformer_options key that holds the CacheAttentionRun of the current sampling
 CALL_KEY = "chai_wan_call"  # transformer_options key (of block 0's copy only) that marks a cache-step call
 ATTN_PATH = "diffusion_model.blocks.0.self_attn"
-FLOW_MULTIPLIER = 1000.0  # Wan's flow timestep is 1000 * sigma (ComfyUI's model_sampling for WAN21/WAN22)
 FIRING_KIND = "self_attn"
 
 # ComfyUI Wan classes whose forward adds streams to the tokens before block 0 or calls blocks differently.
@@ -121,15 +88,6 @@ def sinusoid(dim: int, t: Tensor) -> Tensor:
     freqs = torch.pow(10000.0, -torch.arange(half, device=t.device, dtype=torch.float32) / half)
     angles = torch.outer(t, freqs)
     return torch.cat([torch.cos(angles), torch.sin(angles)], dim=1)
-
-
-def first_sigma(sigmas: Any) -> float | None:
-    """The evaluation's sigma from transformer_options["sigmas"] (tensor or sequence), None when absent."""
-    if sigmas is None:
-        return None
-    if isinstance(sigmas, Tensor):
-        return float(sigmas.reshape(-1)[0].item()) if sigmas.numel() else None
-    return float(sigmas[0]) if len(sigmas) else None
 
 
 def _has_modules(owner: Any, names: Sequence[str]) -> bool:
@@ -343,7 +301,7 @@ class WanAdapter(ModelAdapter):
         run = options.get(run_key)
         if run is None:
             return None
-        sigma = first_sigma(options.get("sigmas"))
+        sigma = options_sigma(options)
         if sigma is None:
             return None
         plan = run.plan_for(sigma)
@@ -406,4 +364,4 @@ class WanAdapter(ModelAdapter):
 
 def _flow_timestep(sigma: float) -> Tensor:
     """Wan's default flow timestep, 1000 * sigma (used outside ComfyUI)."""
-    return torch.tensor([float(sigma) * FLOW_MULTIPLIER])
+    return torch.tensor([float(sigma) * TIMESTEP_SCALE])

@@ -431,6 +431,14 @@ def test_batched_and_split_cfg_give_the_same_hit(comfy, env):
     torch.testing.assert_close(CAPTURED["b2"]["latent"]["samples"], batched, atol=1e-5, rtol=1e-5)
 
 
+def test_cache_steps_beyond_the_fast_schedule_are_reported_on_the_two_inputs_involved_only(comfy, env):
+    result = comfy.run(chai_graph("bad_steps", DOG_BEACH, cache_steps="2,3,9"))
+    errors = result.node_errors["sampler"]["errors"]
+    # ComfyUI tags a custom validation error with each input the check reads: cache_steps and fast_steps.
+    assert sorted(e["extra_info"]["input_name"] for e in errors) == ["cache_steps", "fast_steps"], errors
+    assert all("cache steps [9] lie beyond the 8 fast steps" in e["details"] for e in errors)
+
+
 def test_a_hit_for_another_latent_shape_is_a_miss_with_the_reason(comfy, env):
     run_ok(comfy, chai_graph("t2-shape", DOG_BEACH, key="sh0"))
     # Lookup on the 17-frame latent, sampler on a 34-frame one: the hit cannot serve, the sampler runs full.

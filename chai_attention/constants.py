@@ -1,0 +1,14 @@
+"""Names and numbers every part of CHAI shares: run modes, transformer-option keys, choices, the timestep scale."""
+from __future__ import annotations
+
+FULL, FAST = "full", "fast"  # a miss samples the full schedule; a hit the fast one with Cache Attention
+
+RUN_KEY = "chai_run"  # transformer_options key of the current CacheAttentionRun
+CAPTURE_KEY = "chai_capture"  # APPLY_MODEL wrapper key of a miss's donor capture
+
+KV_MODES: tuple[str, ...] = ("replace", "concat")
+APPLY_TO: tuple[str, ...] = ("cond", "both")
+DONOR_MAPPINGS: tuple[str, ...] = ("matched_sigma", "same_index", "final_clean")
+
+# Flow models in this pack (STDiT3, Wan) take the timestep 1000 * sigma.
+TIMESTEP_SCALE = 1000.0

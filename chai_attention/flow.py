@@ -1,0 +1,122 @@
+"""The one CHAI request flow, shared by the pure-torch pipeline and the ComfyUI sampler.
+
+A lookup's `CacheHit` decides the run: a usable hit samples the fast schedule with a Cache Attention run, anything
+else (a miss, no lookup, a hit for another model or shape, donors the adapter refuses) the full schedule with a
+donor-capture plan. The same functions write the report before and after sampling, and `cache_io.write_trace`
+decides what a finished run stores.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from .config import ChaiConfig
+from .constants import FAST, FULL
+from .donors import DonorCapture, DonorSet
+from .payloads import CacheHit, ChaiReport, SampleTrace
+from .run import CacheAttentionRun
+from .steps import CapturePlan, as_sigmas, plan_for_config
+
+log = logging.getLogger(__name__)
+
+Schedule = Callable[[int], Any]  # steps -> sigmas (a tensor or a sequence of N + 1 floats)
+
+
+def format_sigmas(sigmas: Sequence[float]) -> str:
+    """Sigmas as a short comma-separated list for reports."""
+    return ", ".join(f"{float(s):.4f}" for s in sigmas)
+
+
+@dataclass
+class RequestPlan:
+    """What one request samples: FAST with a Cache Attention run, or FULL with a donor-capture plan."""
+
+    mode: str
+    schedule: Any  # the sigmas as the schedule function returned them (ComfyUI samples from this object)
+    sigmas: tuple[float, ...]
+    report: ChaiReport
+    run: CacheAttentionRun | None = None
+    capture: CapturePlan | None = None
+
+
+def start_report(hit: CacheHit | None, config: ChaiConfig) -> ChaiReport:
+    """The report of a request before it samples (a full run until `plan_request` finds the hit usable)."""
+    report = ChaiReport(prompt=hit.prompt if hit else "", mode=FULL, steps=config.full_steps)
+    if hit is None:
+        report.lookup = "no CHAI_HIT connected: full schedule, donor latents captured"
+        report.reason = "no lookup"
+        return report
+    report.entities, report.lookup, report.reason = hit.entities, hit.report, hit.reason
+    if hit.hit:
+        report.matches = hit.matches
+        report.donor_prompt, report.donor_entry = hit.donor_prompt, hit.entry_id
+    return report
+
+
+def usable_run(hit: CacheHit | None, fingerprint: str, shape: Sequence[int], config: ChaiConfig, adapter: Any,
+               fast_sigmas: tuple[float, ...],
+               run_cls: type[CacheAttentionRun] = CacheAttentionRun) -> tuple[CacheAttentionRun | None, str | None]:
+    """(the Cache Attention run, None) for a hit that can serve this model and latent, else (None, why)."""
+    if hit is None:
+        return None, None
+    why = hit.unusable_reason(fingerprint, tuple(shape))
+    if why is not None:
+        return None, why
+    run = run_cls(config, fast_sigmas, hit.donors)
+    try:
+        adapter.check_run(run, tuple(shape))
+    except ValueError as exc:
+        run.release()
+        return None, str(exc)
+    return run, None
+
+
+def plan_request(hit: CacheHit | None, *, fingerprint: str, shape: Sequence[int], config: ChaiConfig,
+                 adapter: Any, schedule: Schedule,
+                 run_cls: type[CacheAttentionRun] = CacheAttentionRun) -> RequestPlan:
+    """Decide the run of one request: fast on a usable hit, else full (an unusable hit says why in the report)."""
+    report = start_report(hit, config)
+    fast_raw = schedule(config.fast_steps)
+    fast = as_sigmas(fast_raw)
+    run, why = usable_run(hit, fingerprint, shape, config, adapter, fast, run_cls)
+    if run is not None:
+        report.mode, report.steps, report.cache_steps = FAST, config.fast_steps, config.cache_steps
+        return RequestPlan(FAST, fast_raw, fast, report, run=run)
+    if why is not None and hit is not None and hit.hit:
+        report.reason = f"the cached entry could not be used ({why}); sampling the full schedule"
+        report.lookup += f" (unusable: {why})"
+    full_raw = schedule(config.full_steps)
+    full = as_sigmas(full_raw)
+    return RequestPlan(FULL, full_raw, full, report, capture=plan_for_config(full, fast, config))
+
+
+def finish_fast(plan: RequestPlan) -> None:
+    """Record in the report which cache steps fired; warn when a configured one never did."""
+    run, report = plan.run, plan.report
+    report.fired_steps = run.fired_steps
+    report.attention = run.summary()
+    if set(run.fired_steps) != set(run.config.cache_steps):
+        log.warning("[CHAI] %s", report.attention)
+
+
+def finish_full(plan: RequestPlan, capture: DonorCapture) -> tuple[DonorSet | None, str]:
+    """The captured donors (None when incomplete) and the capture problem; both recorded in the report."""
+    problem = capture.problem()
+    donors = None if problem else capture.donors()
+    plan.report.attention = (f"captured {len(donors)} donor latents at sigmas {format_sigmas(donors.sigmas)}"
+                             if donors is not None else f"capture incomplete: {problem}")
+    return donors, problem
+
+
+def trace_for(plan: RequestPlan, hit: CacheHit | None, *, fingerprint: str, shape: Sequence[int],
+              config: ChaiConfig, sampler_name: str, scheduler: str, donors: DonorSet | None = None,
+              capture_problem: str = "") -> SampleTrace:
+    """The CHAI_TRACE of a finished run (what the cache write decides on)."""
+    fast = plan.run is not None
+    return SampleTrace(
+        mode=plan.mode, fingerprint=fingerprint, shape=tuple(shape), config=config, sampler_name=sampler_name,
+        scheduler=scheduler, sigmas=plan.sigmas, report=plan.report, donors=None if fast else donors,
+        capture_problem=capture_problem, donor_entry=hit.entry_id if fast else None,
+        donor_cache=hit.cache_root if fast else None, fired_steps=plan.run.fired_steps if fast else (),
+        firings=tuple(plan.run.firings) if fast else ())
