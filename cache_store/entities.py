@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from .language import foreign_language
 from .pipelines import resolve_pipeline
+from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .stop_entities import StopEntities
 
 if TYPE_CHECKING:
@@ -122,8 +124,7 @@ SCENE_PHRASES = frozenset({
 })
 # Settings only as the object of a locative preposition ("in the water", "on the grass", "in the snow").
 LOCATIVE_SCENE_HEADS = frozenset({
-    "water", "snow", "grass", "sand", "ice", "mud", "air", "wood", "ground", "floor", "darkness", "dark",
-    "wild", "nature", "outdoors", "home", "underwater", "surface", "bar",
+    "water", "snow", "grass", "sand", "ice", "mud", "wood", "wild", "nature", "outdoors", "underwater",
 })
 # Times of day, seasons, weather and light: conditions rather than objects or places.
 CONDITION_HEADS = frozenset({
@@ -140,15 +141,18 @@ MAX_WORD_CHARS = 40
 
 @dataclass(frozen=True)
 class Entity:
-    """One normalised entity of a prompt: phrase, kind ("object", "scene" or "other") and head noun lemma."""
+    """One normalised entity of a prompt: phrase, kind, head noun lemma and role ("main", "scene", "secondary")."""
 
     text: str
     kind: str
     head: str
+    role: str = SECONDARY
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"Entity.kind must be one of {KINDS}, got {self.kind!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"Entity.role must be one of {ROLES}, got {self.role!r}")
         if not self.text.strip() or not self.head.strip():
             raise ValueError("Entity.text and Entity.head must be non-empty")
 
@@ -174,7 +178,7 @@ class EntityExtractor:
         self.stop_entities = StopEntities.default() if stop_entities is None else stop_entities
 
     def extract(self, prompt: str) -> list[Entity]:
-        """The prompt's entities in order of first mention; [] when it has none."""
+        """The prompt's entities in order of first mention; [] when it has none or is not in English."""
         text = self._prepare(prompt)
         if not text:
             return []
@@ -187,37 +191,58 @@ class EntityExtractor:
         return [self.entities_from_doc(doc) if text else [] for text, doc in zip(texts, docs)]
 
     def entities_from_doc(self, doc: "Doc", apply_stop_list: bool = True) -> list[Entity]:
-        """Entities of an already parsed document (optionally without the stop list)."""
-        entities = _entities(doc, self.stop_entities.strip_heads)
+        """Entities of an already parsed document with their roles (optionally without the stop list)."""
+        found = _entities(doc, self.stop_entities.strip_heads)
         if apply_stop_list:
-            entities = [e for e in entities if not self.stop_entities.is_stop(e.text, e.head)]
-        return entities
+            found = [(e, i) for e, i in found if not self.stop_entities.is_stop(e.text, e.head)]
+        roles = roles_for(doc, [i for _, i in found], [e.kind for e, _ in found])
+        return merge_variants([replace(e, role=r) for (e, _), r in zip(found, roles)])
 
-    @staticmethod
-    def _prepare(prompt: str) -> str:
+    def _prepare(self, prompt: str) -> str:
+        """The text to parse: truncated, template phrases masked; '' for a prompt in another language."""
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-        return truncate_prompt(prompt)
+        text = truncate_prompt(prompt)
+        if foreign_language(text) is not None:
+            return ""
+        return self.stop_entities.mask_templates(text)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Extraction from a parsed Doc
 
 
-def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset()) -> list[Entity]:
+_ROLE_RANK = {MAIN: 0, SCENE: 1, SECONDARY: 2}
+
+
+def merge_variants(entities: list[Entity]) -> list[Entity]:
+    """One entity per thing: a bare phrase whose modified form is also in the prompt ("tiger" beside "beige
+    tiger") is folded into the longer one, which keeps the stronger of the two roles."""
+    out = list(entities)
+    for short in entities:
+        longer = [e for e in out if e is not short and e.head == short.head and e.text.endswith(" " + short.text)]
+        if short in out and longer:
+            target = longer[0]
+            out.remove(short)
+            if _ROLE_RANK[short.role] < _ROLE_RANK[target.role]:
+                out[out.index(target)] = replace(target, role=short.role)
+    return out
+
+
+def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset()) -> list[tuple[Entity, int]]:
+    """(entity, head token index) pairs in order of first mention, one per distinct text."""
     nominal = _repaired_nouns(doc)
     raw = _chunk_candidates(doc, nominal) + _run_candidates(doc, nominal)
     cleaned = [_clean(doc, indices, nominal) for indices in raw]
-    merged: dict[str, Entity] = {}
+    merged: dict[str, tuple[Entity, int]] = {}
     for indices in _outermost(cleaned):
-        entity = _make_entity(doc, indices, nominal, strip_heads)
-        if entity is None:
+        made = _make_entity(doc, indices, nominal, strip_heads)
+        if made is None:
             continue
+        entity = made[0]
         seen = merged.get(entity.text)
-        if seen is None:
-            merged[entity.text] = entity
-        elif entity.kind == "scene" and seen.kind != "scene":
-            merged[entity.text] = entity
+        if seen is None or (entity.kind == "scene" and seen[0].kind != "scene"):
+            merged[entity.text] = made
     # Order of first mention: dict insertion order follows the candidates' sorted starts.
     return list(merged.values())
 
@@ -394,7 +419,7 @@ def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:
 
 
 def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: set[int],
-                 strip_heads: frozenset[str]) -> Entity | None:
+                 strip_heads: frozenset[str]) -> tuple[Entity, int] | None:
     # "desert scene" -> "desert": a template head gives way to the noun that modifies it.
     while len(indices) > 1 and _lemma(doc[indices[-1]]) in strip_heads and _is_head(doc[indices[-2]], nominal):
         indices = indices[:-1]
@@ -414,7 +439,11 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: set[int],
     if not text:
         return None
     head = text.rsplit(" ", 1)[-1]  # a hyphenated head ("close-up") is the whole glued word
-    return Entity(text=text, kind=_kind(text, head, doc, indices, head_tok), head=head)
+    kind = _kind(text, head, doc, indices, head_tok)
+    if head in GENERIC_PEOPLE:
+        doing = activity(doc, head_tok.i, _lemma)
+        text = f"{text} {doing}" if doing else text
+    return Entity(text=text, kind=kind, head=head), head_tok.i
 
 
 def _lemma(tok: "Token") -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 DEFAULT_STOP_FILE = Path(__file__).resolve().parent / "data" / "stop_entities.txt"
 HEAD_PREFIX = "head:"
 STRIP_PREFIX = "strip:"
+TEMPLATE_PREFIX = "template:"
 _SPACES = re.compile(r"\s+")
 
 
@@ -22,22 +23,34 @@ class StopEntities:
     """A set of stop phrases and stop head nouns; see data/stop_entities.txt for the format and the rules."""
 
     def __init__(self, phrases: Iterable[str] = (), heads: Iterable[str] = (),
-                 strip_heads: Iterable[str] = ()) -> None:
+                 strip_heads: Iterable[str] = (), templates: Iterable[str] = ()) -> None:
         self.phrases = frozenset(p for p in map(normalise_phrase, phrases) if p)
         self.heads = frozenset(h for h in map(normalise_phrase, heads) if h)
         self.strip_heads = frozenset(h for h in map(normalise_phrase, strip_heads) if h)
+        self.templates = frozenset(t for t in map(normalise_phrase, templates) if t)
         bad = [h for h in self.heads | self.strip_heads if " " in h]
         if bad:
             raise ValueError(f"head and strip entries must be single words, got {sorted(bad)}")
+        words = sorted(self.templates, key=len, reverse=True)
+        self._template_re = (re.compile(r"\b(?:" + "|".join(r"\s+".join(map(re.escape, t.split())) for t in words)
+                                        + r")\b", re.IGNORECASE) if words else None)
+
+    def mask_templates(self, text: str) -> str:
+        """The prompt with template phrases ("depth of field") replaced by a comma, so no entity comes from them."""
+        return self._template_re.sub(",", text) if self._template_re is not None else text
 
     @classmethod
     def parse(cls, lines: Iterable[str], source: str = "<lines>") -> "StopEntities":
         """Build from lines in the stop-list format (phrases, `head:` and `strip:` entries, `#` comments)."""
         phrases: list[str] = []
         words: dict[str, list[str]] = {HEAD_PREFIX: [], STRIP_PREFIX: []}
+        templates: list[str] = []
         for number, raw in enumerate(lines, 1):
             line = raw.split("#", 1)[0].strip()
             if not line:
+                continue
+            if line.lower().startswith(TEMPLATE_PREFIX):
+                templates.append(line[len(TEMPLATE_PREFIX):])
                 continue
             prefix = next((p for p in words if line.lower().startswith(p)), None)
             if prefix is None:
@@ -47,7 +60,7 @@ class StopEntities:
             if not word or " " in word:
                 raise ValueError(f"{source}:{number}: {prefix!r} needs exactly one word, got {raw.strip()!r}")
             words[prefix].append(word)
-        return cls(phrases, words[HEAD_PREFIX], words[STRIP_PREFIX])
+        return cls(phrases, words[HEAD_PREFIX], words[STRIP_PREFIX], templates)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "StopEntities":
@@ -77,7 +90,7 @@ class StopEntities:
         return head in self.heads or head in self.strip_heads
 
     def __len__(self) -> int:
-        return len(self.phrases) + len(self.heads) + len(self.strip_heads)
+        return len(self.phrases) + len(self.heads) + len(self.strip_heads) + len(self.templates)
 
     def __repr__(self) -> str:
         return (f"StopEntities({len(self.phrases)} phrases, {len(self.heads)} heads, "

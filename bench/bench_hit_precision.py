@@ -1,0 +1,82 @@
+"""Precision and recall of hit rules on the labelled (request, donor) pairs (issue 11), calibration vs held-out.
+
+Every pair is judged in isolation, as with a cache holding only the donor: the rule accepts the pair when a
+request entity matches a donor entity as the rule requires. Rules:
+  any-entity     the rule before roles: any entity pair at similarity >= threshold
+  roles          a match needs the request's main subject or scene and the donor's main subject or scene
+  prompt         the whole-prompt MiniLM similarity >= threshold (the NIRVANA-style baseline)
+
+    python -m bench.bench_hit_precision                      # default thresholds, both splits
+    python -m bench.bench_hit_precision --thresholds 0.6,0.7,0.8 --split calib
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from bench._common import table
+from bench.hit_labels import Pair, agreement, load_pairs, score
+
+THRESHOLDS = (0.6, 0.65, 0.7, 0.75, 0.8)
+
+
+def embed_all(prompts: list[str]):
+    """Entities with roles and vectors, and whole-prompt vectors, for every distinct prompt."""
+    from comfyui_chai.cache_store.embedders import get_embedder
+    from comfyui_chai.cache_store.entities import EntityExtractor
+
+    extractor, embedder = EntityExtractor(), get_embedder("minilm")
+    ents = dict(zip(prompts, extractor.extract_many(prompts)))
+    texts = sorted({e.text for es in ents.values() for e in es})
+    vec = dict(zip(texts, embedder.embed(texts))) if texts else {}
+    whole = dict(zip(prompts, embedder.embed(prompts)))
+    return ents, vec, whole
+
+
+def rules(ents, vec, whole, threshold: float):
+    """name -> accepts(pair) for each rule at this threshold."""
+    from comfyui_chai.cache_store.hit_rule import HitRule
+    from comfyui_chai.cache_store.roles import ROLES
+
+    def entity_rule(rule):
+        def accepts(p: Pair) -> bool:
+            return any(rule.carries(q.role, d.role, float(vec[q.text] @ vec[d.text]))
+                       for q in ents[p.request] for d in ents[p.donor])
+        return accepts
+
+    return {
+        "any-entity": entity_rule(HitRule(threshold, frozenset(ROLES))),
+        "roles": entity_rule(HitRule(threshold)),
+        "prompt": lambda p: float(whole[p.request] @ whole[p.donor]) >= threshold,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
+    ap.add_argument("--split", choices=("calib", "heldout", "both"), default="both")
+    args = ap.parse_args(argv)
+    pairs = load_pairs()
+    n, exact, main = agreement()
+    print(f"{len(pairs)} labelled pairs; labellers A/B agree exactly on {exact:.1%} of {n}, on 'main or not' "
+          f"on {main:.1%}; labels 0/1/2: {[sum(p.label == k for p in pairs) for k in (0, 1, 2)]}")
+    t0 = time.perf_counter()
+    ents, vec, whole = embed_all(sorted({p.request for p in pairs} | {p.donor for p in pairs}))
+    print(f"extracted and embedded {len(ents)} prompts in {time.perf_counter() - t0:.1f} s")
+    splits = ("calib", "heldout") if args.split == "both" else (args.split,)
+    rows = []
+    for thr in [float(t) for t in args.thresholds.split(",")]:
+        for name, accepts in rules(ents, vec, whole, thr).items():
+            for split in splits:
+                s = score([p for p in pairs if p.split == split], accepts)
+                rows.append([name, f"{thr:.2f}", split, s.pairs, s.accepted, f"{s.precision_main:.3f}",
+                             f"{s.precision_any:.3f}", f"{s.recall:.3f}"])
+    print(table(["rule", "thr", "split", "pairs", "accepted", "prec. main", "prec. any", "recall (2)"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

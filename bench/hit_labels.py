@@ -1,0 +1,112 @@
+"""The labelled (request, donor) pairs of bench/data/hit_pairs and the precision/recall of a hit rule on them.
+
+Labels (RUBRIC.md): 2 = the donor shows the request's main subject or setting, 1 = only a secondary element,
+0 = nothing visual worth borrowing. Two independent labellers (A, B) labelled every pair; a third labeller
+decided the pairs they disagreed on (labels_c.jsonl); a pair's label is the majority of the three.
+Precision "main" = share of accepted pairs labelled 2; precision "any" = share labelled >= 1;
+recall = share of the pairs labelled 2 that are accepted.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+DATA = Path(__file__).resolve().parent / "data" / "hit_pairs"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One labelled pair."""
+
+    id: str
+    request: str
+    donor: str
+    source: str
+    split: str  # "calib" or "heldout"
+    label: int
+    votes: tuple[int, ...]
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _labels(pattern: str, data: Path) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for path in sorted(data.glob(pattern)):
+        for row in _jsonl(path):
+            out[row["id"]] = int(row["label"])
+    return out
+
+
+def majority(votes: Iterable[int]) -> int | None:
+    """The label most voters gave (None on a three-way split or no votes)."""
+    counts = Counter(votes).most_common()
+    if not counts or (len(counts) > 1 and counts[0][1] == counts[1][1]):
+        return None
+    return counts[0][0]
+
+
+def load_pairs(data: Path = DATA) -> list[Pair]:
+    """Every pair with a decided label, with its source and split."""
+    pairs = {row["id"]: row for row in _jsonl(data / "pairs.jsonl")}
+    prov = {row["id"]: row for row in _jsonl(data / "provenance.jsonl")}
+    a, b, c = _labels("labels_a*.jsonl", data), _labels("labels_b*.jsonl", data), _labels("labels_c*.jsonl", data)
+    out = []
+    for pid, row in pairs.items():
+        votes = tuple(v[pid] for v in (a, b, c) if pid in v)
+        label = majority(votes)
+        if label is None:
+            continue
+        out.append(Pair(pid, row["request"], row["donor"], prov[pid]["source"], prov[pid]["split"], label, votes))
+    return out
+
+
+@dataclass
+class Scores:
+    """Acceptance counts of one rule on a set of pairs."""
+
+    pairs: int = 0
+    accepted: int = 0
+    accepted_main: int = 0
+    accepted_any: int = 0
+    main: int = 0
+
+    @property
+    def precision_main(self) -> float:
+        return self.accepted_main / self.accepted if self.accepted else float("nan")
+
+    @property
+    def precision_any(self) -> float:
+        return self.accepted_any / self.accepted if self.accepted else float("nan")
+
+    @property
+    def recall(self) -> float:
+        return self.accepted_main / self.main if self.main else float("nan")
+
+
+def score(pairs: Iterable[Pair], accepts: Callable[[Pair], bool]) -> Scores:
+    """Precision and recall of `accepts` against the labels."""
+    s = Scores()
+    for p in pairs:
+        s.pairs += 1
+        s.main += p.label == 2
+        if accepts(p):
+            s.accepted += 1
+            s.accepted_main += p.label == 2
+            s.accepted_any += p.label >= 1
+    return s
+
+
+def agreement(data: Path = DATA) -> tuple[int, float, float]:
+    """(pairs labelled by both A and B, exact agreement, agreement on 'label 2 or not')."""
+    a, b = _labels("labels_a*.jsonl", data), _labels("labels_b*.jsonl", data)
+    both = [k for k in a if k in b]
+    if not both:
+        return 0, float("nan"), float("nan")
+    exact = sum(a[k] == b[k] for k in both) / len(both)
+    main = sum((a[k] == 2) == (b[k] == 2) for k in both) / len(both)
+    return len(both), exact, main

@@ -1,0 +1,39 @@
+"""The hit rule: which entity matches make an earlier generation worth borrowing from.
+
+A match pairs an entity of the request with an entity of a cached entry at cosine similarity >= the threshold.
+It can carry a hit only when both entities are the main subject or the scene of their prompts (`roles`): a donor
+that shares only a prop, a background object or a generic bystander would lead Cache Attention to a different
+video, not a cheaper road to the same one. Those matches are still reported, as secondary.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .roles import BORROWABLE, MAIN, ROLES, SCENE
+
+
+@dataclass(frozen=True)
+class HitRule:
+    """Similarity threshold and the roles that may carry a hit (on both sides of a match)."""
+
+    threshold: float
+    roles: frozenset[str] = BORROWABLE
+
+    def __post_init__(self) -> None:
+        if not 0.0 < float(self.threshold) <= 1.0:
+            raise ValueError(f"the similarity threshold must lie in (0, 1], got {self.threshold!r}")
+        unknown = set(self.roles) - set(ROLES)
+        if unknown or not self.roles:
+            raise ValueError(f"HitRule.roles must be a non-empty subset of {ROLES}, got {sorted(self.roles)}")
+
+    def carries(self, query_role: str, stored_role: str, similarity: float) -> bool:
+        """True when a match of these roles at this similarity may make a hit."""
+        return similarity >= self.threshold and query_role in self.roles and stored_role in self.roles
+
+
+def matched_role(query_role: str, stored_role: str) -> str:
+    """How a hit-carrying match is reported: 'main subject' or 'scene' (the request's side decides)."""
+    return {MAIN: "main subject", SCENE: "scene"}.get(query_role, query_role)
+
+
+__all__ = ["HitRule", "matched_role"]

@@ -1,0 +1,124 @@
+"""What each entity is to its prompt: the main subject, the scene (setting), or a secondary element.
+
+A cache hit borrows from an earlier video only when that video would show the request's main subject or its
+setting, so every entity carries a role read from the parse:
+
+- **main**: the grammatical subject of the prompt's first sentence (the subject of its main verb, or the root
+  noun of a caption such as "A golden retriever, running on the beach", with what is coordinated with it), and
+  the thing a template introduces ("close-up of a cat"); without any of these, the first object mentioned.
+- **scene**: an entity of kind "scene" (a place, a landscape, a setting; see `entities`), wherever it stands.
+- **secondary**: everything else (props, background objects, times of day and light).
+
+People named only generically ("a man", "two people") say little on their own: what they do is what a video of
+them shows, so such an entity takes its activity into its text ("man playing guitar", "people shaking hand"),
+and two generic people match only when they do similar things.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spacy.tokens import Doc, Token
+
+MAIN, SCENE, SECONDARY = "main", "scene", "secondary"
+ROLES = (MAIN, SCENE, SECONDARY)
+BORROWABLE = frozenset({MAIN, SCENE})  # roles whose match makes a donor worth borrowing from
+
+# People named without a role: their activity, not the word, tells two videos apart.
+GENERIC_PEOPLE = frozenset({
+    "person", "people", "man", "men", "woman", "women", "boy", "girl", "child", "children", "kid", "guy", "lady",
+    "someone", "somebody", "individual", "human", "adult", "teenager", "teen", "couple", "figure", "crowd",
+})
+_SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass"})
+# "a cup on the left of a plate": both objects are what the picture is about.
+_POSITION_WORDS = frozenset({"left", "right", "top", "bottom", "front", "side", "middle", "center", "centre",
+                             "back", "next"})
+_ACTIVITY_OBJECT_DEPS = frozenset({"dobj", "attr", "pobj"})
+
+
+def focus_tokens(doc: "Doc") -> set[int]:
+    """Token indices of the first sentence's subject: root noun or subject of the root, their conjuncts and
+    appositions, and the object of "of" after a root that is no entity (a template such as "close-up of")."""
+    sent = next(iter(doc.sents), None) if doc.has_annotation("DEP") else None
+    if sent is None:
+        return set()
+    root = sent.root
+    focus: set[int] = set()
+    if root.pos_ in ("NOUN", "PROPN"):
+        focus.add(root.i)
+    for tok in sent:
+        if tok.dep_ in _SUBJECT_DEPS and tok.head.i == root.i:
+            focus.add(tok.i)
+    for tok in sent:
+        if tok.dep_ == "pobj" and tok.head.lower_ == "of" and tok.head.head.i == root.i:
+            focus.add(tok.i)  # candidates; `roles_for` keeps them only when the root itself is no entity
+        if tok.dep_ == "pobj" and tok.head.lower_ in ("of", "to") and tok.head.head.lower_ in _POSITION_WORDS:
+            focus.add(tok.i)
+    for tok in sent:
+        # "The dense forest, where a green kite is drifting": the subject of a clause about the focus.
+        if tok.dep_ in _SUBJECT_DEPS and tok.head.dep_ in ("relcl", "acl") and tok.head.head.i in focus:
+            focus.add(tok.i)
+    grown = True
+    while grown:
+        grown = False
+        for tok in sent:
+            if tok.i not in focus and tok.dep_ in ("conj", "appos") and tok.head.i in focus:
+                focus.add(tok.i)
+                grown = True
+    return focus
+
+
+def activity(doc: "Doc", head_index: int, lemma: Callable[["Token"], str] = lambda t: t.lemma_.lower()) -> str:
+    """What a person token is doing, as "verb [preposition] [object]" ("playing guitar", "running on
+    treadmill"), or '' when nothing says; `lemma` normalises the object noun as entity heads are."""
+    tok = doc[head_index]
+    verb: "Token | None" = None
+    if tok.dep_ in _SUBJECT_DEPS and tok.head.pos_ in ("VERB", "AUX"):
+        verb = tok.head
+    else:
+        verb = next((c for c in tok.children if c.dep_ in ("acl", "relcl") and c.pos_ == "VERB"), None)
+    if verb is None:
+        return ""
+    words = [verb.text.lower() if verb.tag_ == "VBG" else verb.lemma_.lower()]
+    obj = next((c for c in verb.children if c.dep_ in _ACTIVITY_OBJECT_DEPS and c.pos_ in ("NOUN", "PROPN")),
+               None)
+    if obj is None:
+        prep = next((c for c in verb.children if c.dep_ == "prep"), None)
+        obj = next((c for c in prep.children if c.dep_ == "pobj"), None) if prep is not None else None
+        if obj is not None and obj.pos_ in ("NOUN", "PROPN"):
+            words.append(prep.lower_)
+        else:
+            obj = None
+    if obj is not None:
+        words.append(lemma(obj))
+    return " ".join(w for w in words if w.isalpha() or "-" in w)
+
+
+def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[str]:
+    """The role of each entity, given its head token index and kind, in order of mention."""
+    focus = focus_tokens(doc)
+    sent = next(iter(doc.sents), None) if doc.has_annotation("DEP") else None
+    root_is_entity = sent is not None and sent.root.i in heads
+    roles = []
+    for head, kind in zip(heads, kinds):
+        tok = doc[head]
+        in_focus = head in focus and not (tok.dep_ == "pobj" and tok.head.lower_ == "of" and root_is_entity
+                                          and tok.head.head.lower_ not in _POSITION_WORDS)
+        if kind == "scene":
+            roles.append(SCENE)
+        elif in_focus and kind == "object":
+            roles.append(MAIN)
+        else:
+            roles.append(SECONDARY)
+    if kinds and kinds[0] == "object":
+        roles[0] = MAIN  # prompts name their subject first ("A fisherman hauling nets onto a boat ...")
+    elif MAIN not in roles and not any(h in focus for h in heads):
+        first = next((i for i, k in enumerate(kinds) if k == "object"), None)
+        if first is not None:
+            roles[first] = MAIN
+    return roles
+
+
+__all__ = ["MAIN", "SCENE", "SECONDARY", "ROLES", "BORROWABLE", "GENERIC_PEOPLE", "focus_tokens", "activity",
+           "roles_for"]

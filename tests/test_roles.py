@@ -1,0 +1,54 @@
+"""Roles of entities (main subject, scene, secondary) and the hit rule that reads them."""
+from __future__ import annotations
+
+import pytest
+
+from comfyui_chai.cache_store.hit_rule import HitRule
+from comfyui_chai.cache_store.roles import MAIN, SCENE, SECONDARY
+
+
+@pytest.fixture(scope="module")
+def extract(spacy_pipeline):
+    from comfyui_chai.cache_store.entities import EntityExtractor
+
+    extractor = EntityExtractor(spacy_pipeline)
+    return lambda prompt: {e.text: e.role for e in extractor.extract(prompt)}
+
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("A golden retriever, running on the beach", {"golden retriever": MAIN, "beach": SCENE}),
+    ("a dog catching a frisbee in the park", {"dog": MAIN, "frisbee": SECONDARY, "park": SCENE}),
+    ("Close up of a cat sleeping on a sofa", {"cat": MAIN, "sofa": SECONDARY}),
+    ("The dense forest, where a green kite is drifting left", {"dense forest": SCENE, "green kite": MAIN}),
+    ("teddy bear sitting on a bench in the park", {"teddy bear": MAIN, "bench": SECONDARY, "park": SCENE}),
+])
+def test_main_subject_scene_and_secondary_come_from_the_parse(extract, prompt, expected):
+    assert extract(prompt) == expected
+
+
+def test_generic_people_carry_what_they_do(extract):
+    roles = extract("a man playing guitar on stage at night")
+    assert roles["man playing guitar"] == MAIN and roles["stage"] == SCENE
+    assert extract("A person is riding a bike")["person riding bike"] == MAIN
+    assert "people shaking hand" in extract("two people shaking hands")
+
+
+def test_modifier_variants_of_one_thing_in_one_prompt_become_one_entity(extract):
+    roles = extract("a beige tiger walking through tall grass; the tiger yawns")
+    assert "beige tiger" in roles and "tiger" not in roles
+
+
+def test_a_prompt_without_a_grammatical_subject_makes_its_first_object_the_main_one(extract):
+    roles = extract("red apples and a wooden bowl on a kitchen table")
+    assert roles["red apple"] == MAIN
+
+
+def test_hit_rule_needs_main_or_scene_on_both_sides():
+    rule = HitRule(0.7)
+    assert rule.carries(MAIN, SCENE, 0.9) and rule.carries(SCENE, SCENE, 0.7)
+    assert not rule.carries(MAIN, SECONDARY, 0.99) and not rule.carries(SECONDARY, MAIN, 0.99)
+    assert not rule.carries(MAIN, MAIN, 0.69)
+    with pytest.raises(ValueError):
+        HitRule(0.0)
+    with pytest.raises(ValueError):
+        HitRule(0.7, frozenset({"hero"}))
