@@ -68,7 +68,7 @@ def test_miss_then_hit_on_a_shared_entity_then_an_unrelated_miss(model, cache, c
     assert miss.report.mode == "full" and miss.report.steps == 30
     assert len(calls) == 30 and set(calls) == {2}  # batched [cond; uncond]
     assert miss.latent.shape == (1, 4, 5, 16, 16)
-    assert "stored entry" in miss.report.write
+    assert miss.report.write.startswith("stored entry ")
     assert "golden retriever" in miss.report.entities
 
     # the entry holds the latents at the full-schedule sigmas nearest to fast steps 2, 3, 4
@@ -91,13 +91,13 @@ def test_miss_then_hit_on_a_shared_entity_then_an_unrelated_miss(model, cache, c
     text = report.text()
     assert "golden retriever" in text and DOG_BEACH in text and "hit" in text
     assert {"entities", "lookup", "text_encode", "sample", "total"} <= set(report.timings)
-    assert "skipped" in report.write and cache.store.stats().entries == 1
+    assert report.write.startswith("skipped: ") and cache.store.stats().entries == 1
     assert cache.store.entries()[0].hits == 1  # the lookup refreshed the donor
 
     calls.clear()
     other = pipe.generate(ASTRONAUT, seed=3)
     assert other.report.mode == "full" and len(calls) == 30
-    assert "stored entry" in other.report.write and cache.store.stats().entries == 2
+    assert other.report.write.startswith("stored entry ") and cache.store.stats().entries == 2
 
 
 def test_hit_output_depends_on_the_donor_and_is_deterministic(model, cache):
@@ -129,7 +129,7 @@ def test_other_model_or_entity_less_prompt_is_a_miss(model, cache):
     other = _pipeline(tiny_stdit3(seed=9), cache).generate(DOG_PARK, seed=2)
     assert other.report.mode == "full" and other.report.donor_prompt is None
     empty = pipe.generate("!!!", seed=2)
-    assert empty.report.mode == "full" and "not stored" in empty.report.write
+    assert empty.report.mode == "full" and empty.report.write.startswith("not stored: ")
     assert "no entities" in empty.report.lookup
 
 

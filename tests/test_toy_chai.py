@@ -29,13 +29,19 @@ def model():
 
 @pytest.fixture(scope="module")
 def stream(model, tmp_path_factory):
-    """The donor (a miss), then two prompts that each share one entity with it (hits), on one real cache."""
+    """The donor (a miss), then two prompts that each share one entity with it (hits), on one real cache.
+
+    Also keeps the store's entries after the donor and after the whole stream, under "entries".
+    """
     from comfyui_chai.cache_store.service import ChaiCache
 
     cache = ChaiCache(tmp_path_factory.mktemp("toycache"), budget_bytes=10**9)
     pipe = ChaiPipeline(model, cache, ChaiConfig(), text_encode=toy_text_encoder(), video=ToyVideoSpec(),
                         schedule=toy_sigmas, cfg=DEFAULT_CFG)
-    results = {p: pipe.generate(p, seed=s) for s, p in enumerate((DONOR, SCENE_SHARED, OBJECT_SHARED))}
+    results = {DONOR: pipe.generate(DONOR, seed=0)}
+    after_donor = cache.store.entries()
+    results.update({p: pipe.generate(p, seed=s) for s, p in enumerate((SCENE_SHARED, OBJECT_SHARED), 1)})
+    results["entries"] = {"after donor": after_donor, "after stream": cache.store.entries()}
     yield results
     cache.close()
 
@@ -61,7 +67,15 @@ def test_missing_weights_say_how_to_get_them(tmp_path):
 def test_first_request_misses_and_stores_its_donor(stream):
     rep = stream[DONOR].report
     assert rep.mode == "full" and rep.steps == 30
-    assert rep.write.startswith("stored") or "stored" in rep.write
+    after = stream["entries"]["after donor"]
+    assert [e.prompt for e in after] == [DONOR]
+    assert rep.write.startswith(f"stored entry {after[0].id} ")
+
+
+def test_hits_store_nothing(stream):
+    assert [(e.id, e.prompt) for e in stream["entries"]["after stream"]] == \
+        [(e.id, e.prompt) for e in stream["entries"]["after donor"]]
+    assert all(stream[p].report.write.startswith("skipped: ") for p in (SCENE_SHARED, OBJECT_SHARED))
 
 
 def test_donor_video_shows_the_prompt(stream):
