@@ -26,7 +26,6 @@ forward(x, timestep, y, mask=None, fps=None, height=None, width=None, *, y_drop=
 
 Hooks for attention patches (Cache Attention targets `model.spatial_blocks[0]`):
   * `SelfAttention.qkv_heads(x, rope)` -> (q, k, v) per head after q/k RMS-norm and RoPE;
-    `SelfAttention.kv_heads(x, rope)` -> (k, v) from the K/V rows of the fused projection only;
     `SelfAttention.attend(q, k, v)` -> heads merged and projected (what `forward` returns).
   * `STDiT3Block.modulated_attn_input(x, t_mlp)` -> LN(x) * (1 + scale_msa) + shift_msa, in token layout
     [B, T*S, C]; `to_attn_layout` / `from_attn_layout` move between that layout and the block's attention layout.
@@ -345,17 +344,6 @@ class SelfAttention(nn.Module):
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
-
-    def kv_heads(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-        """k, v [B, heads, N, head_dim] from x using only the K/V rows of the fused projection (cheaper than qkv)."""
-        c, like = self.dim, {"device": x.device, "dtype": x.dtype}  # casts like ComfyUI's manual-cast ops would
-        bias = self.qkv.bias[c:].to(**like) if self.qkv.bias is not None else None
-        kv = F.linear(x, self.qkv.weight[c:].to(**like), bias)
-        k, v = self._heads(kv).chunk(2, dim=1)
-        k = self.k_norm(k)
-        if rope is not None:
-            k = apply_rope(k, *rope)
-        return k, v
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         """softmax(q k^T / sqrt(head_dim)) v, heads merged, then `proj`: [B, N, C]."""
