@@ -1,4 +1,4 @@
-"""Helpers shared by the bench scripts: data paths, prompt loading, percentiles, table printing."""
+"""Helpers shared by the bench scripts: data paths, prompt loading, percentiles; table printing from the pack."""
 from __future__ import annotations
 
 import random
@@ -13,6 +13,8 @@ DEFAULT_PROMPTS = REPO.parent / "shared" / "data" / "vbench" / "all_dimension.tx
 
 if str(REPO) not in sys.path:  # also runnable as `python bench/<name>.py`
     sys.path.insert(0, str(REPO))
+
+from comfyui_chai.toyworld.text_table import shorten, table  # noqa: E402,F401  (the benches' table printing)
 
 
 def load_prompts(path: Path | str = DEFAULT_PROMPTS, seed: int | None = None) -> list[str]:
@@ -34,22 +36,3 @@ def ms_pct(seconds: Sequence[float], p: float) -> float:
 def ms_mean(seconds: Sequence[float]) -> float:
     """Mean of durations given in seconds, in milliseconds (nan when empty)."""
     return float(np.mean(seconds) * 1e3) if len(seconds) else float("nan")
-
-
-def shorten(text: str, width: int) -> str:
-    """Cut text to `width` characters with an ellipsis."""
-    return text if len(text) <= width else text[: max(width - 1, 0)] + "\u2026"
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]], aligns: str | None = None) -> str:
-    """A plain-text table; `aligns` has one 'l' or 'r' per column (default: first left, rest right)."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    aligns = aligns or "l" + "r" * (len(headers) - 1)
-
-    def fmt(row: list[str]) -> str:
-        return "  ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(row, widths, aligns)).rstrip()
-
-    lines = [fmt(cells[0]), "  ".join("-" * w for w in widths)]
-    lines += [fmt(r) for r in cells[1:]]
-    return "\n".join(lines)

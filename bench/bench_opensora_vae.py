@@ -3,9 +3,10 @@
 
 Each measurement runs in its own interpreter so that its peak memory is its own. "peak extra" is the highest
 resident memory sampled during the decode minus the resident memory just before it (the weights are already
-loaded); "weights" is the model size. The 2-D part is the `PatchSpatialDouble` stand-in by default, so the
-numbers are the temporal VAE plus the pipeline; with `--comfyui DIR` (run with that ComfyUI's Python) the full
-rows use ComfyUI's SDXL-sized AutoencoderKL with random weights as the 2-D part, as the nodes do.
+loaded); "weights" is the model size. The 2-D part is the `PatchSpatialDouble` stand-in of the tests
+(tests/doubles.py) by default, so the numbers are the temporal VAE plus the pipeline; with `--comfyui DIR` (run
+with that ComfyUI's Python) the full rows use ComfyUI's SDXL-sized AutoencoderKL with random weights as the 2-D
+part, as the nodes do.
 
     python bench/bench_opensora_vae.py --quick        # tiny rows + full 144p untiled, a few minutes on 2 cores
     python bench/bench_opensora_vae.py                # all rows (the full 240p rows take minutes each on CPU)
@@ -14,6 +15,7 @@ rows use ComfyUI's SDXL-sized AutoencoderKL with random weights as the 2-D part,
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -22,6 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -96,19 +99,26 @@ def comfy_spatial(comfyui: str):
     return ComfySpatialVAE(Shim()), "SDXL (ComfyUI)", sum(p.numel() for p in model.parameters())
 
 
+def spatial_double() -> Any:
+    """The tests' `PatchSpatialDouble` (tests/doubles.py, not part of the pack), loaded from its file."""
+    spec = importlib.util.spec_from_file_location("chai_test_doubles", REPO / "tests" / "doubles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.PatchSpatialDouble()
+
+
 def worker(config: str, resolution: str, tiled: bool, dtype: str, reps: int, threads: int, comfyui: str) -> dict:
     """Decode one 17-frame chunk: peak memory of the first decode, median time of the later ones (if any)."""
     import torch
 
     from comfyui_chai.opensora.loading import parse_dtype
-    from comfyui_chai.opensora.spatial_double import PatchSpatialDouble
     from comfyui_chai.opensora.vae import OpenSoraVAE, Tiling
     from comfyui_chai.opensora.vae_temporal import TemporalPart, TemporalVAEConfig
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     temporal = TemporalPart(TemporalVAEConfig(**CONFIGS[config])).to(parse_dtype(dtype)).eval()
-    spatial, spatial_name, spatial_params = PatchSpatialDouble(), "double", 0
+    spatial, spatial_name, spatial_params = spatial_double(), "double", 0
     if comfyui and config == "full":
         spatial, spatial_name, spatial_params = comfy_spatial(comfyui)
     pipe = OpenSoraVAE(temporal, spatial)

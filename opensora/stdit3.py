@@ -26,7 +26,6 @@ forward(x, timestep, y, mask=None, fps=None, height=None, width=None, *, y_drop=
 
 Hooks for attention patches (Cache Attention targets `model.spatial_blocks[0]`):
   * `SelfAttention.qkv_heads(x, rope)` -> (q, k, v) per head after q/k RMS-norm and RoPE;
-    `SelfAttention.kv_heads(x, rope)` -> (k, v) from the K/V rows of the fused projection only;
     `SelfAttention.attend(q, k, v)` -> heads merged and projected (what `forward` returns).
   * `STDiT3Block.modulated_attn_input(x, t_mlp)` -> LN(x) * (1 + scale_msa) + shift_msa, in token layout
     [B, T*S, C]; `to_attn_layout` / `from_attn_layout` move between that layout and the block's attention layout.

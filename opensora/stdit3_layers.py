@@ -240,17 +240,6 @@ class SelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-    def kv_heads(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-        """k, v [B, heads, N, head_dim] from x using only the K/V rows of the fused projection (cheaper than qkv)."""
-        c, like = self.dim, {"device": x.device, "dtype": x.dtype}  # casts like ComfyUI's manual-cast ops would
-        bias = self.qkv.bias[c:].to(**like) if self.qkv.bias is not None else None
-        kv = F.linear(x, self.qkv.weight[c:].to(**like), bias)
-        k, v = self._heads(kv).chunk(2, dim=1)
-        k = self.k_norm(k)
-        if rope is not None:
-            k = apply_rope(k, *rope)
-        return k, v
-
     def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         """softmax(q k^T / sqrt(head_dim)) v, heads merged, then `proj`: [B, N, C]."""
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)

@@ -214,8 +214,9 @@ def _record_call(model, z, ys, mask, kw, sigma):
     return seen["call"]
 
 
-def _obvious_block0_cache_attention(model, call, donor, mode, patched_chunks):
-    """Block 0's self-attention output with donor K/V, from the weights, one frame at a time."""
+def _obvious_block0_cache_attention(model, call, donor, mode, patched_chunks, donor_t_mlp=None):
+    """Block 0's self-attention output with donor K/V, from the weights, one frame at a time; the donor is
+    modulated with donor_t_mlp [6C] (default: the live call's first row)."""
     blk, cfg = model.spatial_blocks[0], model.config
     c, heads, d, eps = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.norm_eps
     w, b = blk.attn.qkv.weight, blk.attn.qkv.bias
@@ -231,7 +232,8 @@ def _obvious_block0_cache_attention(model, call, donor, mode, patched_chunks):
         table = blk.scale_shift_table + t_mlp_row.view(6, c)
         return F.layer_norm(tokens, (c,), eps=eps) * (1 + table[1]) + table[0]
 
-    donor_tokens = modulate(model.embed_video(donor, call.info["height"], call.info["width"])[0], call.t_mlp[0])
+    donor_t_mlp = call.t_mlp[0] if donor_t_mlp is None else donor_t_mlp
+    donor_tokens = modulate(model.embed_video(donor, call.info["height"], call.info["width"])[0], donor_t_mlp)
     T, S = call.T, call.S
     outs = []
     for r in range(call.q.shape[0]):
@@ -353,12 +355,19 @@ def test_patch_fires_exactly_at_the_cache_steps_and_only_in_block_0(model, adapt
 
 def test_final_clean_donor_is_modulated_at_timestep_zero(model, adapter):
     z, ys, mask, kw = _inputs()
-    run = CacheAttentionRun(ChaiConfig(donor_mapping="final_clean"), FAST,
-                            DonorSet([Donor(0.0, make_noise(SHAPE, seed=2))]))
-    plan = run.plan_for(float(FAST[1]))
+    donor, sigma = make_noise(SHAPE, seed=2), float(FAST[1])
+    run = CacheAttentionRun(ChaiConfig(donor_mapping="final_clean"), FAST, DonorSet([Donor(0.0, donor)]))
+    plan = run.plan_for(sigma)
     assert plan.modulation_sigma == 0.0 and plan.donor_sigma == 0.0
-    out = _forward(model, z, ys, mask, kw, float(FAST[1]), adapter.attn_replace(run))
-    assert torch.isfinite(out).all() and run.fired_steps == (2,)
+    call = _record_call(model, z, ys, mask, kw, sigma)
+    with torch.no_grad():
+        got = adapter.replace_fn(run, (COND, UNCOND))(call)
+        _, t_mlp_zero = model.embed_timestep(0.0, call.info["fps"].reshape(-1)[:1], 1)
+        want = _obvious_block0_cache_attention(model, call, donor, "replace", {0}, donor_t_mlp=t_mlp_zero[0])
+        at_live_timestep = _obvious_block0_cache_attention(model, call, donor, "replace", {0})
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert (got - at_live_timestep).abs().max() > 1e-3  # timestep zero made a difference
+    assert run.fired_steps == (2,)
 
 
 def test_mismatched_donor_shape_is_a_clear_error(model, adapter):

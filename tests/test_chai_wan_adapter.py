@@ -4,8 +4,11 @@ ComfyUI's WanModel cannot be imported here, so nothing in this file claims to te
 tests/tier2/test_comfy_chai_wan.py, on ComfyUI's own classes). The stand-in below only has the *shape* the adapter
 relies on: a Conv3d patch embedding, blocks whose first one holds norm1, a modulation parameter and a self_attn with
 q/k/v/o and norm_q/norm_k that calls module-level `apply_rope1` and `optimized_attention`, and a block loop that
-honours patches_replace["dit"][("double_block", i)]; its toy RoPE and toy attention are written for this test.
-A fake patcher stands in for ComfyUI's ModelPatcher (object patches applied around each call).
+honours patches_replace["dit"][("double_block", i)]. Its module-level `apply_rope1` and `optimized_attention` take
+the arguments of ComfyUI's own (comfy/ldm/flux/math.py, comfy/ldm/modules/attention.py; RoPE tables are 2x2
+rotation matrices per channel pair), with toy bodies. A fake patcher stands in for ComfyUI's ModelPatcher (object
+patches applied around each call). The references below are re-derived from the math in this file: they use
+none of the adapter's helpers.
 """
 from __future__ import annotations
 
@@ -19,9 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from comfyui_chai.chai_attention.adapters import UnsupportedModelError, get_adapter, supported_families
-from comfyui_chai.chai_attention.adapters import base as adapters_base
-from comfyui_chai.chai_attention.adapters.wan import (CALL_KEY, WanAdapter, WanCall, pad_to_patch, per_token,
-                                         sinusoid)
+from comfyui_chai.chai_attention.adapters.wan import CALL_KEY, WanAdapter, WanCall, pad_to_patch, per_token, sinusoid
 from comfyui_chai.chai_attention.config import ChaiConfig
 from comfyui_chai.chai_attention.donors import Donor, DonorSet
 from comfyui_chai.chai_attention.run import CacheAttentionRun
@@ -34,20 +35,38 @@ SIGMAS = torch.linspace(1.0, 0.0, 9)
 # ----------------------------------------------------------------------------------------- the stand-in
 
 
-def apply_rope1(x: Tensor, freqs: Tensor) -> Tensor:
-    """Toy rotary embedding: rotate channel pairs of x [B, L, n, d] by angles freqs [1, L, 1, d/2]."""
-    a, b = x[..., 0::2], x[..., 1::2]
-    cos, sin = freqs.cos(), freqs.sin()
-    return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+def rotation_table(angles: Tensor) -> Tensor:
+    """ComfyUI's RoPE table layout from angles [L, d/2]: [1, L, 1, d/2, 2, 2] matrices [[cos, -sin], [sin, cos]]."""
+    cos, sin = angles.cos(), angles.sin()
+    return torch.stack([cos, -sin, sin, cos], dim=-1).view(1, angles.shape[0], 1, angles.shape[1], 2, 2)
 
 
-def optimized_attention(q: Tensor, k: Tensor, v: Tensor, heads: int, transformer_options: Any = None) -> Tensor:
-    """Toy softmax attention on [B, N, heads*d] tensors."""
+def apply_rope1(x: Tensor, freqs_cis: Tensor) -> Tensor:
+    """Stand-in RoPE: each channel pair of x [B, L, n, d] times its 2x2 matrix of freqs_cis [1, L, 1, d/2, 2, 2]."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    return torch.einsum("...ij,...j->...i", freqs_cis, pairs).flatten(-2).type_as(x)
+
+
+def optimized_attention(q: Tensor, k: Tensor, v: Tensor, heads: int, mask: Tensor | None = None,
+                        attn_precision: Any = None, skip_reshape: bool = False, skip_output_reshape: bool = False,
+                        **kwargs: Any) -> Tensor:
+    """Stand-in attention on [B, N, heads*d] tensors (mask and reshape options unused by Wan's self-attention)."""
     def split(t: Tensor) -> Tensor:
         return t.view(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)
 
-    out = F.scaled_dot_product_attention(split(q), split(k), split(v))
+    out = F.scaled_dot_product_attention(split(q), split(k), split(v), attn_mask=mask)
     return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+
+def spread_over_tokens(e: Tensor, tokens: int) -> Tensor:
+    """e [B, F, dim] (F = 1 or one entry per latent frame) -> [B, tokens, dim]: token i is in frame i * F // tokens."""
+    return e[:, torch.arange(tokens) * e.shape[1] // tokens]
+
+
+def wrap_pad(z: Tensor, ph: int, pw: int) -> Tensor:
+    """Append the first rows / columns of z [B, C, T, H, W] until H and W are multiples of ph and pw."""
+    z = torch.cat([z, z[..., : (-z.shape[-2]) % ph, :]], dim=-2)
+    return torch.cat([z, z[..., : (-z.shape[-1]) % pw]], dim=-1)
 
 
 class StandInAttention(nn.Module):
@@ -75,7 +94,7 @@ class StandInBlock(nn.Module):
         self.mlp = nn.Linear(DIM, DIM)
 
     def forward(self, x: Tensor, e: Tensor, freqs: Tensor, transformer_options: dict) -> Tensor:
-        parts = [per_token(p, x.shape[1]) for p in (self.modulation.unsqueeze(0) + e).unbind(2)]
+        parts = [spread_over_tokens(p, x.shape[1]) for p in (self.modulation.unsqueeze(0) + e).unbind(2)]
         y = self.self_attn(torch.addcmul(parts[0], self.norm1(x), 1 + parts[1]), freqs,
                            transformer_options=transformer_options)
         x = torch.addcmul(x, y, parts[2])
@@ -93,11 +112,11 @@ class StandInNet(nn.Module):
         self.model_type, self.out_dim = "t2v", CHANNELS
 
     def forward(self, x: Tensor, t: Tensor, transformer_options: dict) -> Tensor:
-        tokens = self.patch_embedding(pad_to_patch(x, (1, 2, 2)).float()).flatten(2).transpose(1, 2)
+        tokens = self.patch_embedding(wrap_pad(x, 2, 2).float()).flatten(2).transpose(1, 2)
         e0 = self.time(t.reshape(x.shape[0], -1, 1) / 1000).unflatten(2, (6, DIM))
         L = tokens.shape[1]
-        freqs = torch.arange(L, dtype=torch.float32)[:, None] * torch.linspace(0.1, 1.0, DIM // HEADS // 2)
-        freqs = freqs[None, :, None, :]
+        freqs = rotation_table(torch.arange(L, dtype=torch.float32)[:, None]
+                               * torch.linspace(0.1, 1.0, DIM // HEADS // 2))
         replaces = transformer_options.get("patches_replace", {}).get("dit", {})
         for i, block in enumerate(self.blocks):
             def original(args: dict, block: nn.Module = block) -> dict:
@@ -217,6 +236,7 @@ def test_sinusoid_is_cos_then_sin_of_geometric_frequencies():
 
 
 def test_registry_lists_wan_and_picks_it_by_structure(net):
+    assert get_adapter(net).family == "wan"
     assert any(f.startswith("wan (Wan 2.1 / 2.2 text-to-video") for f in supported_families())
     assert isinstance(get_adapter(FakePatcher(net)), WanAdapter)
     with pytest.raises(UnsupportedModelError, match="supported: stdit3 .*; wan "):
@@ -253,20 +273,35 @@ def test_check_run_wants_the_models_channels_and_the_sampled_shape(net):
 # ------------------------------------------------------------------------------------- patch and plumbing
 
 
-def _obvious_cache_attention(net: StandInNet, x_live: Tensor, donor: Tensor, e0: Tensor, freqs: Tensor,
+def _rotate(x: Tensor, angles: Tensor) -> Tensor:
+    """x [L, heads, d] with channel pair j of token i turned by angles[i, j], as complex numbers."""
+    z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2).contiguous())
+    return torch.view_as_real(z * torch.polar(torch.ones_like(angles), angles)[:, None, :]).flatten(-2)
+
+
+def _patch_tokens(net: StandInNet, latent: Tensor) -> Tensor:
+    """latent [1, C, T, H, W] -> [L, dim]: each 1x2x2 patch, frame by frame, row by row, dotted with the weight."""
+    weight, bias = net.patch_embedding.weight[:, :, 0], net.patch_embedding.bias  # [dim, C, 2, 2], [dim]
+    _, _, frames, height, width = latent.shape
+    return torch.stack([(weight * latent[0, :, f, y:y + 2, x:x + 2]).sum(dim=(1, 2, 3)) + bias
+                        for f in range(frames) for y in range(0, height, 2) for x in range(0, width, 2)])
+
+
+def _obvious_cache_attention(net: StandInNet, x_live: Tensor, donor: Tensor, e0: Tensor, angles: Tensor,
                              mode: str) -> Tensor:
     """Block 0's self-attention with donor K/V, written out step by step for one sample."""
     block, attn = net.blocks[0], net.blocks[0].self_attn
-    tokens = net.patch_embedding(donor).flatten(2).transpose(1, 2)[0]  # [L, dim]
+    tokens = _patch_tokens(net, donor)  # [L, dim]
     L, d = tokens.shape[0], DIM // HEADS
     frames = e0.shape[1]
     shift = torch.stack([(block.modulation[0, 0] + e0[0, min(i * frames // L, frames - 1), 0]) for i in range(L)])
     scale = torch.stack([(block.modulation[0, 1] + e0[0, min(i * frames // L, frames - 1), 1]) for i in range(L)])
-    h = F.layer_norm(tokens, (DIM,)) * (1 + scale) + shift
-    q = apply_rope1(attn.norm_q(attn.q(x_live[0])).view(1, L, HEADS, d), freqs)[0]
-    k_own = apply_rope1(attn.norm_k(attn.k(x_live[0])).view(1, L, HEADS, d), freqs)[0]
+    centred = tokens - tokens.mean(-1, keepdim=True)
+    h = centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5) * (1 + scale) + shift
+    q = _rotate(attn.norm_q(attn.q(x_live[0])).view(L, HEADS, d), angles)
+    k_own = _rotate(attn.norm_k(attn.k(x_live[0])).view(L, HEADS, d), angles)
     v_own = attn.v(x_live[0]).view(L, HEADS, d)
-    k_don = apply_rope1(attn.norm_k(attn.k(h)).view(1, L, HEADS, d), freqs)[0]
+    k_don = _rotate(attn.norm_k(attn.k(h)).view(L, HEADS, d), angles)
     v_don = attn.v(h).view(L, HEADS, d)
     k, v = (k_don, v_don) if mode == "replace" else (torch.cat([k_own, k_don]), torch.cat([v_own, v_don]))
     heads = []
@@ -283,13 +318,13 @@ def test_cache_attention_equals_the_obvious_computation(net, mode, frames):
     donor = torch.randn(SHAPE, generator=gen)
     x_live = torch.randn(1, 18, DIM, generator=gen)
     e0 = torch.randn(1, frames, 6, DIM, generator=gen)
-    freqs = torch.rand(1, 18, 1, DIM // HEADS // 2, generator=gen) * 3
+    angles = torch.rand(18, DIM // HEADS // 2, generator=gen) * 3
     adapter = WanAdapter(net)
     run = make_run(donor, kv_mode=mode)
     call = WanCall(run, run.plan_for(float(SIGMAS[1])), (True,), e0, lambda s: torch.tensor([s * 1000]))
     with torch.no_grad():
-        got = adapter.cache_self_attention(x_live, freqs, {}, call)
-        want = _obvious_cache_attention(net, x_live, donor, e0, freqs, mode)
+        got = adapter.cache_self_attention(x_live, rotation_table(angles), {}, call)
+        want = _obvious_cache_attention(net, x_live, donor, e0, angles, mode)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     assert [(f.step, f.kind, f.index, f.rows) for f in run.firings] == [(2, "self_attn", 0, 1)]
 
@@ -385,9 +420,14 @@ def test_final_clean_modulates_the_donor_at_its_own_sigma(net):
         assert [f.step for f in run.firings] == [3]
         own = patcher(x, sigma, [0], make_run(donor, step=3))
         assert (got - own).abs().max() > 1e-4
-        with torch.no_grad():
-            e0 = WanAdapter(net).time_modulation(0.0, lambda s: torch.tensor([s * 1000]), torch.zeros(1, 1, 6, DIM))
-            want = net.time_projection(net.time_embedding(sinusoid(8, torch.zeros(1)))).view(1, 1, 6, DIM)
-        assert torch.equal(e0, want)
+        adapter = WanAdapter(net)
+        for sigma in (0.0, 0.3):  # the donor's own sigma here, and one that turns every frequency
+            t = sigma * 1000
+            freq_input = torch.tensor([[math.cos(t * 10000 ** (-i / 4)) for i in range(4)]
+                                       + [math.sin(t * 10000 ** (-i / 4)) for i in range(4)]])
+            with torch.no_grad():
+                e0 = adapter.time_modulation(sigma, lambda s: torch.tensor([s * 1000]), torch.zeros(1, 1, 6, DIM))
+                want = net.time_projection(net.time_embedding(freq_input)).view(1, 1, 6, DIM)
+            torch.testing.assert_close(e0, want, atol=1e-4, rtol=1e-4)
     finally:
         del net.freq_dim, net.time_embedding, net.time_projection

@@ -1,9 +1,9 @@
 """Tests for cache_store.embedders: MiniLM forward, weight lookup, identity, errors, FunctionEmbedder."""
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -164,8 +164,12 @@ def test_tiny_dim_and_lazy_load(tiny):
 def test_identity_depends_on_weight_bytes(tiny, tmp_path):
     folder, tensors = tiny
     first, second = MiniLMEmbedder(weights_dir=folder), MiniLMEmbedder(weights_dir=folder)
-    digest = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
-    assert first.identity == second.identity == f"all-MiniLM-L6-v2@{digest[:12]}"
+    assert re.fullmatch(r"all-MiniLM-L6-v2@[0-9a-f]{12}", first.identity)
+    assert second.identity == first.identity  # stable across loads
+    copied = MiniLMEmbedder(weights_dir=shutil.copytree(folder, tmp_path / "copied"))
+    rewritten = MiniLMEmbedder(weights_dir=_write_tiny_model(tmp_path / "rewritten", tensors))
+    assert copied.identity == rewritten.identity == first.identity  # the same weights anywhere, not the path
+    assert first.identity != FunctionEmbedder("all-MiniLM-L6-v2", lambda p: np.ones((len(p), 32)), 32, 0.7).identity
     changed = dict(tensors)
     key = "encoder.layer.1.output.dense.bias"
     changed[key] = tensors[key].clone()

@@ -15,13 +15,13 @@ import torch
 from comfyui_chai.opensora.comfy_vae import frames_for_latent, images_to_pixels, latent_info, make_latent_info, pixels_to_images
 from comfyui_chai.opensora.loading import CheckpointError, KeyMismatchError, WrongArchitectureError
 from comfyui_chai.opensora.presets import FRAME_PRESETS, vae_latent_frames
-from comfyui_chai.opensora.spatial_double import PatchSpatialDouble
 from comfyui_chai.opensora.vae import (SPATIAL_SCALE, OpenSoraVAE, Tiling, chunk_plan, default_num_frames, tile_starts,
                           tiled_apply)
 from comfyui_chai.opensora.vae_loading import (CONFIG_METADATA_KEY, SPATIAL_PREFIX, infer_temporal_config,
                                   load_opensora_vae_file, load_temporal_part, save_opensora_vae)
 from comfyui_chai.opensora.vae_temporal import (LATENT_SCALE, LATENT_SHIFT, CausalConv3d, TemporalPart, TemporalVAEConfig,
                                    depth_to_time, time_padding)
+from doubles import PatchSpatialDouble
 
 FIXTURE = Path(__file__).parent / "fixtures" / "opensora_vae_v12_keys.json"
 TINY = TemporalVAEConfig(filters=8, num_res_blocks=1, channel_multipliers=(1, 2, 2, 2), num_groups=4)

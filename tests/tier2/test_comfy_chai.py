@@ -267,7 +267,7 @@ def test_miss_then_hit_on_a_shared_entity_and_the_hit_equals_the_reference(comfy
     assert trace.mode == "full" and len(trace.sigmas) == 31 and trace.fired_steps == ()
     assert trace.donors is not None and len(trace.donors) == 3
     assert all(d.latent.device.type == "cpu" for d in trace.donors.donors)  # no accelerator memory kept
-    assert "stored entry" in CAPTURED["miss:write"]["text"]
+    assert CAPTURED["miss:write"]["text"].startswith("CHAI cache write: stored entry ")
     assert "CHAI full (miss): 30 steps" in CAPTURED["miss:report"]["text"]
     # A miss is exactly the KSampler run with the same settings.
     base = miss["model"]
@@ -287,7 +287,7 @@ def test_miss_then_hit_on_a_shared_entity_and_the_hit_equals_the_reference(comfy
     assert sorted(f.step for f in trace.firings) == [2, 3, 4]  # batched CFG: one call per step
     report = CAPTURED["hit:report"]["text"]
     assert "CHAI fast (hit): 8 steps" in report and "cache attention at steps 2,3,4 of 8" in report
-    assert "fast run: nothing stored" in CAPTURED["hit:write"]["text"]
+    assert CAPTURED["hit:write"]["text"].startswith("CHAI cache write: fast run: nothing stored ")
     stats = hit_out["cache"].store.stats()
     assert stats.entries == 1
 
@@ -316,7 +316,7 @@ def test_miss_then_hit_on_a_shared_entity_and_the_hit_equals_the_reference(comfy
 def test_second_queue_after_a_write_performs_a_fresh_lookup(comfy, env):
     graph = chai_graph("t2-requeue", ASTRONAUT, seed=7, key="q")
     first = run_ok(comfy, graph)
-    assert CAPTURED["q"]["trace"].mode == "full" and "stored entry" in CAPTURED["q:write"]["text"]
+    assert CAPTURED["q"]["trace"].mode == "full" and CAPTURED["q:write"]["text"].startswith("CHAI cache write: stored entry ")
     assert not first.events("execution_cached") or "lookup" not in first.events("execution_cached")[0]["nodes"]
     second = run_ok(comfy, graph)
     cached = second.events("execution_cached")[0]["nodes"]
@@ -559,7 +559,7 @@ def test_prompt_list_warm_up_fills_the_cache_through_the_miss_path(comfy, env):
     got = CAPTURED["w"]
     assert [t.mode for t in got["trace"]] == ["full", "full"]
     writes = CAPTURED["w:write"]["text"]
-    assert len(writes) == 2 and all("stored entry" in w for w in writes)
+    assert len(writes) == 2 and all(w.startswith("CHAI cache write: stored entry ") for w in writes)
     cache = got["cache"][0] if isinstance(got["cache"], list) else got["cache"]
     entries = cache.store.entries()
     assert sorted(e.prompt for e in entries) == sorted([DOG_BEACH, ASTRONAUT])
@@ -653,7 +653,7 @@ def test_shipped_opensora_workflow_runs_a_miss_then_a_hit_on_tiny_models(comfy, 
         assert first["trace"].mode == "full" and first["trace"].scheduler == "opensora"
         sigmas = comfy.pack_module("opensora.schedule").opensora_sigmas(30, 64, 96, 17)
         assert first["trace"].sigmas == tuple(float(s) for s in sigmas)  # the exact OpenSora schedule
-        assert "stored entry" in first["text"]
+        assert first["text"].startswith("CHAI cache write: stored entry ")
         graph[ids["PrimitiveStringMultiline"]]["inputs"]["value"] = DOG_PARK
         run_ok(comfy, graph)
         second = CAPTURED["shipped"]

@@ -232,7 +232,8 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     got = CAPTURED["wf"]
     assert not got["hit"].hit and got["trace"].mode == "full" and len(got["trace"].sigmas) == 31
     assert got["fps"] == 24.0 and got["images"].shape == (8, 128, 128, 3)
-    assert "stored" in CAPTURED["wf:write"]["text"] and "1 entries" in CAPTURED["wf:write"]["text"]
+    assert CAPTURED["wf:write"]["text"].startswith("CHAI cache write: stored entry ")
+    assert "\ncache: 1 entries, " in CAPTURED["wf:write"]["text"]
     miss_video = _saved_video(comfy, first, ids["SaveVideo"])
     # A miss is plain sampling: the reference sampler with the workflow's seed and cfg, 30 steps.
     seed, cfg = (api[ids["CHAI_Sampler"]]["inputs"][k] for k in ("seed", "cfg"))

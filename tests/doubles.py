@@ -1,4 +1,4 @@
-"""A stand-in for the 2-D (SDXL) VAE, for tests and benchmarks that are about everything around it.
+"""Test doubles: a stand-in for the 2-D (SDXL) VAE, for tests and benchmarks that are about everything around it.
 
 `PatchSpatialDouble` is NOT a VAE and claims nothing about SDXL: it averages 8x8 pixel blocks and mixes the 3 colour
 channels into 4 latent channels with a fixed matrix (encode), and maps back with the pseudo-inverse followed by
