@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import time
 
-import numpy as np
 
 from bench._common import table
 from bench.hit_labels import Pair, agreement, load_pairs, score

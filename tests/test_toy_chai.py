@@ -76,7 +76,7 @@ def test_first_request_misses_and_stores_its_donor(stream):
 def test_hits_store_nothing(stream):
     assert [(e.id, e.prompt) for e in stream["entries"]["after stream"]] == \
         [(e.id, e.prompt) for e in stream["entries"]["after donor"]]
-    assert all(stream[p].report.write.startswith("skipped: ") for p in (SCENE_SHARED, OBJECT_SHARED))
+    assert all(stream[p].report.write.startswith("fast run: nothing stored") for p in (SCENE_SHARED, OBJECT_SHARED))
 
 
 def test_donor_video_shows_the_prompt(stream):
