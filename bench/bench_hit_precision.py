@@ -28,7 +28,7 @@ def embed_all(prompts: list[str]):
 
     extractor, embedder = EntityExtractor(), get_embedder("minilm")
     ents = dict(zip(prompts, extractor.extract_many(prompts)))
-    texts = sorted({e.text for es in ents.values() for e in es})
+    texts = sorted({t for es in ents.values() for e in es for t in (e.text, e.core or e.head)})
     vec = dict(zip(texts, embedder.embed(texts))) if texts else {}
     whole = dict(zip(prompts, embedder.embed(prompts)))
     return ents, vec, whole
@@ -37,17 +37,24 @@ def embed_all(prompts: list[str]):
 def rules(ents, vec, whole, threshold: float):
     """name -> accepts(pair) for each rule at this threshold."""
     from comfyui_chai.cache_store.hit_rule import HitRule
-    from comfyui_chai.cache_store.roles import ROLES
 
-    def entity_rule(rule):
+    def entity_rule(rule, sim):
         def accepts(p: Pair) -> bool:
-            return any(rule.carries(q.role, d.role, float(vec[q.text] @ vec[d.text]))
-                       for q in ents[p.request] for d in ents[p.donor])
+            return any(rule.accepts(q, d, sim(q, d)) for q in ents[p.request] for d in ents[p.donor])
         return accepts
 
+    def text_sim(q, d):
+        return float(vec[q.text] @ vec[d.text])
+
+    def core_sim(q, d):
+        return float(vec[q.core or q.head] @ vec[d.core or d.head])
+
     return {
-        "any-entity": entity_rule(HitRule(threshold, frozenset(ROLES))),
-        "roles": entity_rule(HitRule(threshold)),
+        "any-entity": lambda p: any(float(vec[q.text] @ vec[d.text]) >= threshold
+                                    for q in ents[p.request] for d in ents[p.donor]),
+        "roles": entity_rule(HitRule(threshold), text_sim),
+        "roles-core": entity_rule(HitRule(threshold), core_sim),
+        "roles-max": entity_rule(HitRule(threshold), lambda q, d: max(text_sim(q, d), core_sim(q, d))),
         "prompt": lambda p: float(whole[p.request] @ whole[p.donor]) >= threshold,
     }
 

@@ -110,3 +110,27 @@ def agreement(data: Path = DATA) -> tuple[int, float, float]:
     exact = sum(a[k] == b[k] for k in both) / len(both)
     main = sum((a[k] == 2) == (b[k] == 2) for k in both) / len(both)
     return len(both), exact, main
+
+
+def rule_accepts(pairs: Iterable[Pair]) -> Callable[[float], Callable[[Pair], bool]]:
+    """threshold -> accepts(pair) under the pack's hit rule, on entities extracted and embedded once."""
+    from comfyui_chai.cache_store.embedders import get_embedder
+    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.hit_rule import HitRule
+
+    pairs = list(pairs)
+    prompts = sorted({p.request for p in pairs} | {p.donor for p in pairs})
+    embedder = get_embedder("minilm")
+    ents = dict(zip(prompts, EntityExtractor().extract_many(prompts)))
+    keys = sorted({e.core or e.head for es in ents.values() for e in es})
+    vec = dict(zip(keys, embedder.embed(keys))) if keys else {}
+
+    def at(threshold: float) -> Callable[[Pair], bool]:
+        rule = HitRule(threshold)
+
+        def accepts(p: Pair) -> bool:
+            return any(rule.accepts(q, d, float(vec[q.core or q.head] @ vec[d.core or d.head]))
+                       for q in ents[p.request] for d in ents[p.donor])
+        return accepts
+
+    return at

@@ -147,6 +147,7 @@ class Entity:
     kind: str
     head: str
     role: str = SECONDARY
+    core: str = ""  # what the thing is: the head with the nouns compounded onto it ("sea lion"); '' = the head
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -440,10 +441,24 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: set[int],
         return None
     head = text.rsplit(" ", 1)[-1]  # a hyphenated head ("close-up") is the whole glued word
     kind = _kind(text, head, doc, indices, head_tok)
+    core = _core(doc, indices, head)
     if head in GENERIC_PEOPLE:
         doing = activity(doc, head_tok.i, _lemma)
         text = f"{text} {doing}" if doing else text
-    return Entity(text=text, kind=kind, head=head), head_tok.i
+        core = text
+    return Entity(text=text, kind=kind, head=head, core=core if core != head else ""), head_tok.i
+
+
+def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
+    """The head and the nouns written right before it ("sports car" in "red sports car"): adjectives describe
+    how a thing looks, a noun compounded onto the head can make it another thing ("sea lion", "teddy bear")."""
+    words = [head]
+    for i in reversed(indices[:-1]):
+        tok = doc[i]
+        if tok.pos_ not in ("NOUN", "PROPN") or tok.dep_ not in ("compound", "nmod", "amod"):
+            break
+        words.insert(0, tok.lower_)
+    return " ".join(words)
 
 
 def _lemma(tok: "Token") -> str:

@@ -8,8 +8,9 @@ video, not a cheaper road to the same one. Those matches are still reported, as 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from .roles import BORROWABLE, MAIN, ROLES, SCENE
+from .roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class HitRule:
 
     threshold: float
     roles: frozenset[str] = BORROWABLE
+    identity_threshold: float = 0.85  # same head, a noun compounded on one side only ("sea lion" / "lion")
 
     def __post_init__(self) -> None:
         if not 0.0 < float(self.threshold) <= 1.0:
@@ -29,6 +31,26 @@ class HitRule:
     def carries(self, query_role: str, stored_role: str, similarity: float) -> bool:
         """True when a match of these roles at this similarity may make a hit."""
         return similarity >= self.threshold and query_role in self.roles and stored_role in self.roles
+
+    def same_thing(self, query: Any, stored: Any, similarity: float) -> bool:
+        """Whether two entities (text, head, core, kind) name the same kind of thing, not just similar words.
+
+        A word that is one side's head and only a modifier on the other names another thing ("sausage dog" /
+        "sausage", "fire truck" / "fire"); the same head with a noun compounded onto one side only needs a
+        higher similarity between objects ("sea lion" / "lion", "teddy bear" / "bear"); places keep their
+        compounds ("city street" / "street").
+        """
+        if "object" in (query.kind, stored.kind) and query.head != stored.head:
+            if query.head in stored.text.split()[:-1] or stored.head in query.text.split()[:-1]:
+                return False
+        if query.head == stored.head and query.kind == stored.kind == "object" and query.head not in GENERIC_PEOPLE:
+            if (query.core or query.head) != (stored.core or stored.head):
+                return similarity >= self.identity_threshold
+        return True
+
+    def accepts(self, query: Any, stored: Any, similarity: float) -> bool:
+        """`carries` by role and similarity, and `same_thing`."""
+        return self.carries(query.role, stored.role, similarity) and self.same_thing(query, stored, similarity)
 
 
 def matched_role(query_role: str, stored_role: str) -> str:

@@ -52,3 +52,30 @@ def test_hit_rule_needs_main_or_scene_on_both_sides():
         HitRule(0.0)
     with pytest.raises(ValueError):
         HitRule(0.7, frozenset({"hero"}))
+
+
+def test_core_keeps_nouns_compounded_onto_the_head_and_drops_adjectives(spacy_pipeline):
+    from comfyui_chai.cache_store.entities import EntityExtractor
+
+    x = EntityExtractor(spacy_pipeline)
+    cores = {e.text: e.core or e.head for p in ("a red sports car on a road", "a sea lion on a pier",
+                                                 "a small wooden boat", "a baseball bat")
+             for e in x.extract(p)}
+    assert cores["red sports car"] == "sports car" and cores["sea lion"] == "sea lion"
+    assert cores["small wooden boat"] == "boat" and cores["baseball bat"] == "baseball bat"
+
+
+def test_same_thing_refuses_a_modifier_taken_for_a_head_and_guards_compound_identity():
+    from comfyui_chai.cache_store.entities import Entity
+
+    rule = HitRule(0.7)
+    sausage_dog = Entity("sausage dog", "object", "dog", MAIN, "sausage dog")
+    sausage = Entity("sizzling sausage", "object", "sausage", MAIN)
+    assert not rule.same_thing(sausage_dog, sausage, 0.99)
+    sea_lion, lion = Entity("sea lion", "object", "lion", MAIN, "sea lion"), Entity("lion", "object", "lion", MAIN)
+    assert not rule.accepts(sea_lion, lion, 0.81) and rule.accepts(sea_lion, lion, 0.9)
+    red_ball, blue_ball = Entity("red ball", "object", "ball", MAIN), Entity("blue ball", "object", "ball", MAIN)
+    assert rule.accepts(red_ball, blue_ball, 0.76)
+    street = Entity("street", "scene", "street", SCENE)
+    city_street = Entity("city street", "scene", "street", SCENE, "city street")
+    assert rule.accepts(city_street, street, 0.71)  # places keep their compounds

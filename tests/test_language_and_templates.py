@@ -1,0 +1,44 @@
+"""Prompts in other languages are a clean miss; camera template phrases never become entities."""
+from __future__ import annotations
+
+import pytest
+
+from comfyui_chai.cache_store.language import foreign_language
+from comfyui_chai.cache_store.stop_entities import StopEntities
+
+
+@pytest.mark.parametrize("prompt, code", [
+    ("Ein Golden Retriever rennt bei Sonnenuntergang am Strand entlang", "de"),
+    ("Un chat qui dort sur le rebord de la fenêtre", "fr"),
+    ("Un perro corriendo por la playa al atardecer con su dueño", "es"),
+])
+def test_other_languages_are_recognised_by_their_function_words(prompt, code):
+    assert foreign_language(prompt) == code
+
+
+@pytest.mark.parametrize("prompt", [
+    "Cinematic shot of Van Gogh's selfie, Van Gogh style",  # names are not function words
+    "A dog running on the beach at sunset",
+    "La Paz at night, a city of lights",
+    "",
+])
+def test_english_prompts_and_names_are_english(prompt):
+    assert foreign_language(prompt) is None
+
+
+def test_foreign_prompts_have_no_entities(spacy_pipeline):
+    from comfyui_chai.cache_store.entities import EntityExtractor
+
+    x = EntityExtractor(spacy_pipeline)
+    assert x.extract("Ein Koch flambiert Pfannkuchen in einer kleinen Restaurantküche") == []
+    assert [e.text for e in x.extract("a cook flambeing pancakes in a small restaurant kitchen")]
+
+
+def test_template_phrases_are_masked_before_parsing(spacy_pipeline):
+    from comfyui_chai.cache_store.entities import EntityExtractor
+
+    stop = StopEntities.parse(["template: depth of field", "template: drone shot"])
+    assert stop.mask_templates("a cat, shallow Depth  of field") == "a cat, shallow ,"
+    texts = [e.text for e in EntityExtractor(spacy_pipeline).extract(
+        "A white horse in a misty meadow, shallow depth of field, drone shot")]
+    assert "field" not in texts and "drone" not in texts and "white horse" in texts
