@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .pipelines import resolve_pipeline
+from .naming import encodable_text
 from .stop_entities import StopEntities
 
 if TYPE_CHECKING:
@@ -197,7 +198,7 @@ class EntityExtractor:
     def _prepare(prompt: str) -> str:
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-        return truncate_prompt(prompt)
+        return truncate_prompt(encodable_text(prompt))
 
 
 # ---------------------------------------------------------------------------------------------------------
