@@ -147,6 +147,8 @@ def repair(store: "CacheStore") -> VerifyReport:
     """Verify, then fix: rebuild a damaged manifest, drop entries whose files are bad (files quarantined),
     adopt or quarantine unlisted files, drop orphan rows and bad vectors, recount, rebuild the index."""
     report = verify_folder(store.root)
+    report.repaired += [f"on open: {line}" for line in store.warnings]  # open's own adoptions and quarantines
+    store.warnings = []
     with store._writer:
         for name in sweep_temporaries(store.root, store.latent_dir, store.index_dir):
             report.repaired.append(f"removed temporary file {name}")

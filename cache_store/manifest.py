@@ -163,6 +163,8 @@ class Manifest:
 
     def _init_schema(self) -> None:
         version = self._read_version()
+        if version is None and self.conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+            raise ManifestDamagedError(f"{self.path} is an SQLite database with other tables, not a CHAI manifest")
         if version is None:
             with self.write() as cur:
                 if self._read_version() is None:

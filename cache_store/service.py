@@ -138,6 +138,7 @@ class _Handles:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_owner: dict[tuple[str, str], ChaiCache] = {}
+        self._opened: list[ChaiCache] = []  # every handle open_cache returned, until close_all
         self._read_by: dict[str, str] = {}  # reader id (a lookup node) -> folder it read last
 
     def open(self, folder: Path, owner: str | None, **settings: Any) -> ChaiCache:
@@ -147,6 +148,7 @@ class _Handles:
             if cache is not None and cache.same_settings(**settings) and folder.exists():
                 return cache
             fresh = ChaiCache(folder, **settings)
+            self._opened = [c for c in self._opened if not c.closed] + [fresh]
             if owner is not None:
                 self._by_owner[key] = fresh
             if cache is not None:
@@ -160,19 +162,27 @@ class _Handles:
     def generation(self, reader: str) -> Any:
         with self._lock:
             folder = self._read_by.get(reader)
-            caches = [c for (_, f), c in self._by_owner.items() if f == folder and not c.closed]
-        if folder is None:
-            return float("nan")
+        return (folder, self.folder_generation(folder)) if folder is not None else float("nan")
+
+    def folder_generation(self, folder: str) -> Any:
+        """The generation of a folder through any open handle, or a fresh NaN."""
+        with self._lock:
+            caches = [c for c in self._opened if str(c.root) == folder and not c.closed]
         for cache in caches:
             try:
-                return folder, cache.store.generation
+                return cache.store.generation
             except (CacheError, OSError):
                 continue
         return float("nan")
 
+    def folders(self) -> list[str]:
+        with self._lock:
+            return sorted({str(c.root) for c in self._opened})
+
     def close_all(self) -> None:
         with self._lock:
-            caches = list(self._by_owner.values())
+            caches = list(self._opened)
+            self._opened.clear()
             self._by_owner.clear()
             self._read_by.clear()
         for cache in caches:
@@ -213,6 +223,15 @@ def reader_generation(reader: str) -> Any:
     return _HANDLES.generation(reader)
 
 
+def store_generations() -> tuple[tuple[str, Any], ...]:
+    """(folder, generation) of every cache opened through open_cache, by folder (NaN once unreadable or closed).
+
+    Kept for callers that watch all caches; the lookup node uses reader_generation, which watches only the
+    cache it reads.
+    """
+    return tuple((folder, _HANDLES.folder_generation(folder)) for folder in _HANDLES.folders())
+
+
 def close_all() -> None:
-    """Close every owned cache handle of this process (tests, shutdown)."""
+    """Close every cache handle open_cache returned in this process (tests, shutdown)."""
     _HANDLES.close_all()

@@ -36,8 +36,9 @@ TEXT_ENCODER_THRESHOLD = 0.85
 MAX_STEPS = 1000
 
 _EXTRACTOR: Any = None
-_EXTRACTOR_LOCK = threading.Lock()
+_EXTRACTOR_LOCK = threading.Lock()  # guards _EXTRACTOR only
 _TEXT_EMBEDDERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+_TEXT_EMBEDDERS_LOCK = threading.Lock()  # guards _TEXT_EMBEDDERS only
 
 
 def shared_extractor() -> Any:
@@ -53,7 +54,7 @@ def shared_extractor() -> Any:
 
 def text_encoder_embedder(clip: Any) -> Any:
     """A FunctionEmbedder over the workflow's CLIP (memoised per CLIP object)."""
-    with _EXTRACTOR_LOCK:
+    with _TEXT_EMBEDDERS_LOCK:
         found = _TEXT_EMBEDDERS.get(clip)
     if found is not None:
         return found
@@ -63,7 +64,7 @@ def text_encoder_embedder(clip: Any) -> Any:
     dim = int(encode_phrases(clip, ["object"]).shape[-1])
     embedder = FunctionEmbedder(text_encoder_name(clip), lambda phrases: encode_phrases(clip, phrases), dim,
                                 TEXT_ENCODER_THRESHOLD)
-    with _EXTRACTOR_LOCK:
+    with _TEXT_EMBEDDERS_LOCK:
         _TEXT_EMBEDDERS[clip] = embedder
     return embedder
 
@@ -153,10 +154,12 @@ class CacheLookup(io.ComfyNode):
 
     @classmethod
     def fingerprint_inputs(cls, threshold: float = 0.0, **kwargs: Any) -> Any:
-        """Re-run when any open cache changed: ComfyUI passes only widget values here, never the linked cache."""
-        from ..cache_store.service import store_generations
+        """Re-run when the cache this node read changed: ComfyUI passes only widget values here, so the node
+        remembers (by its id) which cache it read; before its first run the fingerprint is a fresh NaN."""
+        from ..cache_store.service import reader_generation
+        from .cache_nodes import executing_node_id
 
-        return threshold, store_generations()
+        return threshold, reader_generation(f"CHAI_CacheLookup:{executing_node_id()}")
 
     @classmethod
     def execute(cls, cache: Any, entities: Any, model: Any, latent: dict, threshold: float) -> io.NodeOutput:
@@ -166,7 +169,11 @@ class CacheLookup(io.ComfyNode):
             from ..chai_attention.cache_io import lookup_hit
             from ..chai_attention.comfy_glue import comfy_model_fingerprint, latent_shape
 
+            from ..cache_store.service import note_lookup
+            from .cache_nodes import executing_node_id
+
             get_adapter(model)  # an unsupported model is refused here, naming the supported ones
+            note_lookup(f"CHAI_CacheLookup:{executing_node_id()}", cache)
             hit = lookup_hit(cache, entities, comfy_model_fingerprint(model), latent_shape(model, latent),
                              threshold)
         report = format_lookup(hit)
