@@ -80,9 +80,6 @@ def _check_manifest(manifest: Manifest, latent_dir: Path, index_dir: Path, repor
     counted = manifest.query("SELECT COALESCE(SUM(nbytes), 0) FROM entries")[0][0]
     if int(manifest.meta("total_bytes", "0") or 0) != counted:
         report.problems.append("the byte counter disagrees with the entries")
-    budget = manifest.meta("budget_bytes")
-    if budget is not None and budget.isdigit() and counted > int(budget):
-        report.problems.append(f"{counted} latent bytes exceed the budget of {budget}")
     orphans = manifest.query("SELECT COUNT(*) FROM entities WHERE NOT EXISTS "
                              "(SELECT 1 FROM postings WHERE postings.entity_id = entities.id)")[0][0]
     if orphans:

@@ -74,6 +74,9 @@ class CacheStore:
                                     ("policy", self.config.policy, DEFAULT_POLICY)):
             row = cur.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
             current = _setting(key, row[0] if row else None)
+            if key == "budget_bytes" and current is None:  # new or rebuilt: never below what was recovered
+                default = max(default, int(cur.execute("SELECT value FROM meta WHERE key='total_bytes'")
+                                           .fetchone()[0]))
             wanted = asked if asked is not None else (current if current is not None else default)
             if wanted != current:
                 Manifest.set_meta(cur, key, str(wanted))

@@ -62,7 +62,9 @@ def assert_intact(root, budget: int) -> int:
         report = s.verify()
         assert report.ok and not report.problems, report.report()
         entries = s.entries()
-        assert s.stats().bytes <= budget
+        # a kill between a file's rename and its commit leaves a file open adopts (open never evicts): at most one
+        # unacknowledged entry above the budget, until the next write or prune
+        assert s.stats().bytes <= budget + max((e.nbytes for e in entries), default=0)
         for e in entries:
             tensors, sigmas = s.load_latents(e.id)
             want = latents(int(e.prompt.split("=")[1]))
