@@ -8,28 +8,10 @@ from pathlib import Path
 
 from .config import StoreConfig, budget_from_gb
 from .errors import CacheError
-from .manifest import MANIFEST_NAME
+from .maintenance import verify_folder
 from .naming import cache_dir
 from .service import default_root
 from .store import CacheStore
-
-DEFAULT_BUDGET_GB = 2.0
-
-
-def saved_config(folder: Path) -> StoreConfig | None:
-    """The budget and policy a cache was last opened with, if it exists."""
-    path = folder / MANIFEST_NAME
-    if not path.exists():
-        return None
-    try:
-        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
-        try:
-            meta = dict(con.execute("SELECT key, value FROM meta WHERE key IN ('budget_bytes', 'policy')"))
-        finally:
-            con.close()
-        return StoreConfig(int(meta["budget_bytes"]), meta.get("policy", "lru"))
-    except (sqlite3.Error, KeyError, ValueError):
-        return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,19 +26,22 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="entries, most recently used first")
     ls.add_argument("--limit", type=int, default=50)
     pr = sub.add_parser("prune", help="evict by policy until the latents fit the budget")
-    pr.add_argument("--budget-gb", type=float, default=None, help="target budget (default: the cache's own)")
+    pr.add_argument("--budget-gb", type=float, default=None,
+                    help="set the cache's budget to this many GB first (it stays); default: keep the cache's own")
     cl = sub.add_parser("clear", help="delete every entry")
     cl.add_argument("--yes", action="store_true", help="confirm")
-    sub.add_parser("verify", help="check checksums, orphans and the index; change nothing")
-    sub.add_parser("repair", help="verify and fix what can be fixed (drop damaged entries, rebuild the index)")
+    sub.add_parser("verify", help="check manifest, every latent file and the index; read-only, changes nothing")
+    sub.add_parser("repair", help="verify, then fix and report each action (rebuild a damaged manifest, drop "
+                                  "entries whose files are bad, adopt or quarantine stray files, rebuild the index)")
     return p
 
 
 def run(args: argparse.Namespace) -> str:
     """Execute one command and return its report."""
     folder = cache_dir(args.root or default_root(), args.name)
-    config = saved_config(folder) or StoreConfig(budget_from_gb(DEFAULT_BUDGET_GB))
-    with CacheStore(folder, config) as store:
+    if args.command == "verify":  # read-only: never opens the store (opening adopts and quarantines files)
+        return verify_folder(folder).report()
+    with CacheStore(folder, StoreConfig()) as store:
         if args.command == "stats":
             return store.stats().report()
         if args.command == "list":
@@ -72,8 +57,6 @@ def run(args: argparse.Namespace) -> str:
             if not args.yes:
                 raise CacheError("clear deletes every entry of the cache: add --yes to confirm")
             return f"removed {store.clear()} entries"
-        if args.command == "verify":
-            return store.verify().report()
         return store.repair().report()
 
 
@@ -85,4 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CacheError, ValueError, OSError, sqlite3.Error) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a bug, still one line: the cache folder is never left half-changed by the CLI
+        print(f"error: unexpected {type(exc).__name__}: {exc} (please report this)", file=sys.stderr)
+        return 3
     return 0

@@ -15,15 +15,24 @@ def budget_from_gb(gb: float) -> int:
     return int(round(gb * GB))
 
 
+DEFAULT_BUDGET_BYTES = 2 * GB
+DEFAULT_POLICY = "lru"
+
+
 @dataclass(frozen=True)
 class StoreConfig:
-    """Budget (bytes of latents) and eviction policy of a store."""
+    """Settings an opener asks for: a budget (bytes of latents) and an eviction policy.
 
-    budget_bytes: int
-    policy: str = "lru"
+    Both belong to the cache (stored in its manifest): a value here is an explicit change applied on open and
+    logged; None keeps what the cache has (a new cache starts with 2 GB and LRU).
+    """
+
+    budget_bytes: int | None = None
+    policy: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.budget_bytes, int) or self.budget_bytes <= 0:
+        if self.budget_bytes is not None and (not isinstance(self.budget_bytes, int) or isinstance(
+                self.budget_bytes, bool) or self.budget_bytes <= 0):
             raise ValueError(f"budget_bytes must be a positive int, got {self.budget_bytes!r}")
-        if self.policy not in POLICIES:
+        if self.policy is not None and self.policy not in POLICIES:
             raise ValueError(f"eviction policy must be one of {POLICIES}, got {self.policy!r}")

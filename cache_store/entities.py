@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from .language import foreign_language
 from .pipelines import resolve_pipeline
+from .naming import encodable_text
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .stop_entities import StopEntities
 
@@ -203,7 +204,7 @@ class EntityExtractor:
         """The text to parse: truncated, template phrases masked; '' for a prompt in another language."""
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str, got {type(prompt).__name__}")
-        text = truncate_prompt(prompt)
+        text = truncate_prompt(encodable_text(prompt))
         if foreign_language(text) is not None:
             return ""
         return self.stop_entities.mask_templates(text)

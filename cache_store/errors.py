@@ -28,3 +28,15 @@ class CacheWriteError(CacheError):
 
 class CacheEntryError(CacheError):
     """An entry's latent file is missing, truncated or fails its checksum."""
+
+
+class ManifestError(CacheError):
+    """The manifest could not be read or written (damaged, disk full, read-only); the message says what to do."""
+
+
+class ManifestDamagedError(ManifestError):
+    """The manifest is not a usable CHAI manifest (unreadable, foreign, broken schema): open rebuilds it."""
+
+
+class InvalidEntryError(CacheError, ValueError):
+    """An entry that must not be committed: non-finite or zero vectors, NaN latents, inconsistent shapes."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import CacheEntryError, CacheWriteError
+from .validate import EntryRecord, read_regular_file, record_from_file
 
 FILE_FORMAT = "chai-cache-entry/1"
 VECTORS_KEY = "chai.entity_vectors"  # entity vectors travel with the latents so a lost manifest can be rebuilt
@@ -36,10 +37,18 @@ def encode_entry(tensors: Mapping[str, Any], entity_vectors: Any, metadata: Mapp
     for name in tensors:
         if not isinstance(name, str) or not name or name.startswith("chai."):
             raise ValueError(f"invalid latent tensor name {name!r} (non-empty, not starting with 'chai.')")
-    header = {"chai": json.dumps({"format": FILE_FORMAT, **metadata}, sort_keys=True)}
     payload = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     payload[VECTORS_KEY] = torch.as_tensor(entity_vectors, dtype=torch.float32).contiguous()
-    return save(payload, metadata=header)
+    # The file vouches for its own tensor bytes (a rebuild without the manifest can then detect a flipped bit):
+    # the data section does not depend on the header, so hash it from a first serialisation.
+    body = data_section(save(payload, metadata={"chai": "{}"}))
+    record = {"format": FILE_FORMAT, **metadata, "data_sha256": hashlib.sha256(body).hexdigest()}
+    return save(payload, metadata={"chai": json.dumps(record, sort_keys=True)})
+
+
+def data_section(data: bytes) -> bytes:
+    """The tensor bytes of a safetensors file (everything after its JSON header)."""
+    return data[8 + int.from_bytes(data[:8], "little"):]
 
 
 def write_atomic(directory: Path, name: str, data: bytes) -> None:
@@ -73,13 +82,14 @@ def fsync_dir(directory: Path) -> None:
 
 
 def read_verified(path: Path, expected: str) -> dict[str, Any]:
-    """Load an entry's tensors after checking its checksum; raise CacheEntryError otherwise."""
+    """Load an entry's tensors after checking its checksum; raise CacheEntryError otherwise (symlinks refused)."""
     from safetensors.torch import load
 
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path)
     except OSError as exc:
-        raise CacheEntryError(f"latent file {path.name} is missing or unreadable ({exc.strerror})") from exc
+        raise CacheEntryError(f"latent file {path.name} is missing, unreadable or not a regular file "
+                              f"({exc.strerror or exc})") from exc
     if checksum(data) != expected:
         raise CacheEntryError(f"latent file {path.name} fails its checksum (truncated or modified)")
     try:
@@ -90,21 +100,11 @@ def read_verified(path: Path, expected: str) -> dict[str, Any]:
     return tensors
 
 
-def read_for_recovery(path: Path) -> tuple[dict[str, Any], dict[str, Any], bytes] | None:
-    """Tensors, metadata and raw bytes of a file written by this store, or None if it is not one."""
-    from safetensors import safe_open
-    from safetensors.torch import load
-
-    try:
-        data = path.read_bytes()
-        with safe_open(str(path), framework="pt") as fh:
-            meta = json.loads((fh.metadata() or {}).get("chai", "null"))
-        tensors = load(data)
-    except Exception:
-        return None
-    if not isinstance(meta, dict) or meta.get("format") != FILE_FORMAT:
-        return None
-    return tensors, meta, data
+def read_entry_file(path: Path) -> tuple[EntryRecord, bytes]:
+    """The validated record a latent file carries and its bytes; InvalidEntryError or OSError otherwise."""
+    data = read_regular_file(path)
+    record, _ = record_from_file(data, VECTORS_KEY, FILE_FORMAT)
+    return record, data
 
 
 def _unlink_quiet(path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .errors import FormatVersionError
+from .errors import FormatVersionError, ManifestDamagedError, ManifestError
 from .types import EntryInfo
 
 FORMAT_VERSION = 1
@@ -69,6 +69,23 @@ CREATE TABLE IF NOT EXISTS index_log (
 );
 """
 
+TABLES = ("meta", "entries", "groups", "entities", "postings", "index_log")
+REPAIR_HINT = "run `python -m comfyui_chai.cache_store --root <root> --name <name> repair`"
+
+
+def advice(exc: sqlite3.Error) -> str:
+    """What a user should do about an SQLite error, in one sentence."""
+    text = str(exc)
+    low = text.lower()
+    if "full" in low:
+        return f"the disk holding the cache is full ({text}): free space, or lower the budget with prune --budget-gb"
+    if "readonly" in low or "read-only" in low or "permission" in low:
+        return f"the cache folder is read-only ({text}): make it writable, or open a cache elsewhere"
+    if "locked" in low or "busy" in low:
+        return f"another process kept the cache busy ({text}); try again"
+    return f"the cache manifest is damaged or unreadable ({text}); {REPAIR_HINT}"
+
+
 # Migrations from older on-disk formats: {from_version: callable(conn)}. Version 1 is the first release.
 _MIGRATIONS: dict[int, object] = {}
 
@@ -92,22 +109,62 @@ def shape_key(shape: Sequence[int]) -> str:
 class Manifest:
     """Thread-safe wrapper over one SQLite connection in WAL mode."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
+        self.readonly = readonly
         self._lock = threading.RLock()
-        self.conn = sqlite3.connect(str(path), timeout=60.0, isolation_level=None, check_same_thread=False)
+        try:
+            if readonly:
+                # immutable when no -wal exists: a read-only open must not create -wal/-shm files either
+                wal = Path(str(path) + "-wal").exists()
+                uri = f"{path.resolve().as_uri()}?{'mode=ro' if wal else 'immutable=1'}"
+                self.conn = sqlite3.connect(uri, uri=True, timeout=60.0, isolation_level=None,
+                                            check_same_thread=False)
+            else:
+                self.conn = sqlite3.connect(str(path), timeout=60.0, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise ManifestDamagedError(f"cannot open the cache manifest {path}: {advice(exc)}") from exc
         self.conn.row_factory = sqlite3.Row
         try:
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA busy_timeout=60000")
-            self._init_schema()
+            if readonly:
+                self._check_readable()
+            else:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                # FULL: the commit that vouches for a latent file is on disk when insert returns (one WAL fsync)
+                self.conn.execute("PRAGMA synchronous=FULL")
+                self._init_schema()
+                self._check_readable()
+        except sqlite3.DatabaseError as exc:
+            self.conn.close()
+            raise ManifestDamagedError(f"cache manifest {path} is unreadable: {exc}") from exc
         except Exception:
             self.conn.close()
             raise
 
+    def _check_readable(self) -> None:
+        """Raise ManifestDamagedError unless every table exists and the meta counters parse."""
+        names = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        missing = [t for t in TABLES if t not in names]
+        if missing:
+            raise ManifestDamagedError(f"cache manifest {self.path} lacks table(s) {', '.join(missing)}")
+        version = self._read_version()
+        if version is None or version > FORMAT_VERSION:
+            raise FormatVersionError(f"cache manifest {self.path} has format v{version}, this pack reads "
+                                     f"v{FORMAT_VERSION}")
+        meta = dict(self.conn.execute("SELECT key, value FROM meta").fetchall())
+        for key in ("generation", "tick", "index_epoch", "total_bytes"):
+            try:
+                int(meta[key])
+            except (KeyError, ValueError) as exc:
+                raise ManifestDamagedError(f"cache manifest {self.path}: meta {key!r} is missing or not "
+                                           "an integer") from exc
+        self.conn.execute("SELECT id, file, nbytes FROM entries LIMIT 1").fetchall()
+
     def _init_schema(self) -> None:
         version = self._read_version()
+        if version is None and self.conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+            raise ManifestDamagedError(f"{self.path} is an SQLite database with other tables, not a CHAI manifest")
         if version is None:
             with self.write() as cur:
                 if self._read_version() is None:
@@ -143,37 +200,63 @@ class Manifest:
             return None
         row = self.conn.execute("SELECT value FROM meta WHERE key='format_version'").fetchone()
         if row is None:
-            raise FormatVersionError(f"cache manifest {self.path} has no format version; it was not written by CHAI")
-        return int(row[0])
+            raise ManifestDamagedError(f"cache manifest {self.path} has no format version; it was not written "
+                                       "by CHAI")
+        try:
+            return int(row[0])
+        except (TypeError, ValueError) as exc:
+            raise ManifestDamagedError(f"cache manifest {self.path} has format version {row[0]!r}, "
+                                       "not a number") from exc
 
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Cursor]:
         """A write transaction (BEGIN IMMEDIATE), committed on success and rolled back on error."""
         with self._lock:
-            cur = self.conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self.conn.cursor()
+                cur.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise ManifestError(advice(exc)) from exc
             try:
                 yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
+                cur.execute("COMMIT")
+            except BaseException as exc:
+                if self.conn.in_transaction:
+                    try:
+                        cur.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                if isinstance(exc, sqlite3.Error):
+                    raise ManifestError(advice(exc)) from exc
                 raise
-            cur.execute("COMMIT")
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Cursor]:
         """A consistent read snapshot."""
         with self._lock:
-            cur = self.conn.cursor()
-            cur.execute("BEGIN")
+            try:
+                cur = self.conn.cursor()
+                cur.execute("BEGIN")
+            except sqlite3.Error as exc:
+                raise ManifestError(advice(exc)) from exc
             try:
                 yield cur
+            except sqlite3.Error as exc:
+                raise ManifestError(advice(exc)) from exc
             finally:
-                cur.execute("COMMIT")
+                if self.conn.in_transaction:
+                    try:
+                        cur.execute("COMMIT")
+                    except sqlite3.Error:
+                        pass
 
     def query(self, sql: str, params: Sequence = ()) -> list[sqlite3.Row]:
         """Run one read statement."""
         with self._lock:
-            return self.conn.execute(sql, params).fetchall()
+            try:
+                return self.conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise ManifestError(advice(exc)) from exc
 
     def meta(self, key: str, default: str | None = None) -> str | None:
         """One value of the meta table."""
@@ -201,13 +284,16 @@ class Manifest:
             ents = [r[0] for r in cur.execute(
                 "SELECT e.text FROM postings p JOIN entities e ON e.id=p.entity_id WHERE p.entry_id=? ORDER BY e.text",
                 (entry_id,))]
-        return _entry_from_row(row, ents)
+        try:
+            return _entry_from_row(row, ents)
+        except (TypeError, ValueError):  # a malformed row (hand-edited or damaged): not an entry
+            return None
 
     def entries(self, limit: int | None = None) -> list[EntryInfo]:
         """Entries, most recently used first."""
         sql = "SELECT * FROM entries ORDER BY use_tick DESC" + (" LIMIT ?" if limit else "")
         rows = self.query(sql, (limit,) if limit else ())
-        return [self.entry(r["id"]) or _entry_from_row(r) for r in rows]
+        return [e for e in (self.entry(r["id"]) for r in rows) if e is not None]
 
     def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, vectors) of all entities, or of the given ids."""
@@ -219,8 +305,10 @@ class Manifest:
                 part = list(ids[chunk:chunk + 500])
                 rows += self.query(
                     f"SELECT id, vector FROM entities WHERE id IN ({','.join('?' * len(part))})", part)
+        dim = int(self.meta("dim", "0") or 0)
+        rows = [r for r in rows if isinstance(r[1], bytes) and dim and len(r[1]) == 4 * dim]  # malformed: skipped
         if not rows:
-            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+            return np.zeros(0, np.int64), np.zeros((0, max(dim, 0)), np.float32)
         labels = np.fromiter((r[0] for r in rows), np.int64, len(rows))
         vectors = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows])
         return labels, vectors

@@ -6,13 +6,14 @@ from pathlib import Path
 
 from .errors import CacheNameError
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_ENTRY_FILE = re.compile(r"^[0-9a-f]{32}\.safetensors$")
+# fullmatch, not match with "$": "$" also matches before a trailing newline ("default\n")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_ENTRY_FILE = re.compile(r"[0-9a-f]{32}\.safetensors")
 
 
 def validate_cache_name(name: str) -> str:
     """Return `name` if it is a safe single folder name, else raise CacheNameError."""
-    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise CacheNameError(
             f"invalid cache name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit (no slashes, no '..')"
@@ -31,4 +32,13 @@ def cache_dir(root: str | Path, name: str) -> Path:
 
 def is_entry_file_name(name: str) -> bool:
     """True for the only file names the store ever writes for latents."""
-    return isinstance(name, str) and bool(_ENTRY_FILE.match(name))
+    return isinstance(name, str) and bool(_ENTRY_FILE.fullmatch(name))
+
+
+def encodable_text(text: str) -> str:
+    """`text` unchanged if it encodes as UTF-8, else with each lone surrogate replaced by U+FFFD."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)

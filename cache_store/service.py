@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from .config import StoreConfig
 from .errors import CacheError
-from .naming import cache_dir
+from .naming import cache_dir, encodable_text
 from .store import CacheStore, NothingToStoreError
 from .types import EmbeddedEntities, InsertResult, LookupResult
 
@@ -40,17 +39,19 @@ class WriteResult:
 class ChaiCache:
     """Entity extraction, embedding and the store for one named cache folder."""
 
-    def __init__(self, root: str | os.PathLike, *, budget_bytes: int, policy: str = "lru",
+    def __init__(self, root: str | os.PathLike, *, budget_bytes: int | None = None, policy: str | None = None,
                  embedder: Any = "minilm", spacy_pipeline: str | None = None,
                  threshold: float | None = None) -> None:
         self.root = Path(root)
-        self.store = CacheStore(self.root, StoreConfig(budget_bytes=budget_bytes, policy=policy))
+        self.settings = StoreConfig(budget_bytes=budget_bytes, policy=policy)
+        self.store = CacheStore(self.root, self.settings)
         self._embedder_spec = embedder
         self._embedder = None if isinstance(embedder, str) else embedder
         self._spacy_pipeline = spacy_pipeline
         self._extractor = None
         self._threshold = threshold
         self._lock = threading.RLock()
+        self._closed = False
 
     @property
     def embedder(self) -> Any:
@@ -79,7 +80,7 @@ class ChaiCache:
 
     def embed_prompt(self, prompt: str, embedder: Any = None) -> EmbeddedEntities:
         """Extract a prompt's entities and embed them (no entities gives an empty result, not an error)."""
-        entities = self.extractor.extract(prompt or "")
+        entities = self.extractor.extract(encodable_text(prompt or ""))
         return self.embed_entities(entities, embedder)
 
     def embed_entities(self, entities: Sequence[Any], embedder: Any = None) -> EmbeddedEntities:
@@ -96,10 +97,9 @@ class ChaiCache:
         thr = self.threshold if threshold is None else float(threshold)
         try:
             return self.store.lookup(entities, fingerprint, shape, thr)
-        except sqlite3.DatabaseError as exc:
-            log.warning("[CHAI] cache manifest unreadable during lookup: %s", exc)
-            return LookupResult(False, f"cache manifest unreadable ({exc}); run the repair action or "
-                                       "`python -m cache_store repair`")
+        except CacheError as exc:  # every manifest error arrives here as a CacheError with advice
+            log.warning("[CHAI] cache lookup failed, treated as a miss: %s", exc)
+            return LookupResult(False, f"cache unreadable: {exc}")
 
     def write(self, prompt: str, entities: EmbeddedEntities, fingerprint: str, latents: Mapping[str, Any],
               sigmas: Sequence[float], shape: Sequence[int] | None = None,
@@ -114,60 +114,124 @@ class ChaiCache:
         return WriteResult(True, f"stored entry {result.entry_id} ({result.nbytes / 1e6:.2f} MB{evicted})",
                            insert=result, timings={"write": time.perf_counter() - t0})
 
+    def same_settings(self, *, budget_bytes: int | None, policy: str | None, embedder: Any,
+                      spacy_pipeline: str | None) -> bool:
+        """True when this handle was opened with exactly these settings."""
+        return (self.settings == StoreConfig(budget_bytes, policy) and self._embedder_spec == embedder
+                and self._spacy_pipeline == spacy_pipeline)
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran."""
+        return self._closed
+
     def close(self) -> None:
-        """Close the store."""
-        self.store.close()
+        """Close the store (once)."""
+        if not self._closed:
+            self._closed = True
+            self.store.close()
 
 
-_OPEN: dict[str, ChaiCache] = {}  # cache folder -> its one ChaiCache in this process
-_OPEN_LOCK = threading.Lock()
+class _Handles:
+    """The caches this process opened, keyed by (owner, folder): an owner replaces only its own handle."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_owner: dict[tuple[str, str], ChaiCache] = {}
+        self._opened: list[ChaiCache] = []  # every handle open_cache returned, until close_all
+        self._read_by: dict[str, str] = {}  # reader id (a lookup node) -> folder it read last
 
-def open_cache(root: str | os.PathLike, name: str, *, budget_bytes: int, policy: str = "lru",
-               embedder: Any = "minilm", spacy_pipeline: str | None = None) -> ChaiCache:
-    """The process-wide ChaiCache for root/name, reopened when settings change."""
-    folder = cache_dir(root, name)
-    key = str(folder)
-    with _OPEN_LOCK:
-        cache = _OPEN.get(key)
-        if cache is not None:
-            same = (cache.store.config == StoreConfig(budget_bytes, policy) and cache._embedder_spec == embedder
-                    and cache._spacy_pipeline == spacy_pipeline and folder.exists())
-            if same:
+    def open(self, folder: Path, owner: str | None, **settings: Any) -> ChaiCache:
+        key = (owner or "", str(folder))
+        with self._lock:
+            cache = self._by_owner.get(key) if owner is not None else None
+            if cache is not None and cache.same_settings(**settings) and folder.exists():
                 return cache
-            cache.close()
-            del _OPEN[key]
-        cache = ChaiCache(folder, budget_bytes=budget_bytes, policy=policy, embedder=embedder,
-                          spacy_pipeline=spacy_pipeline)
-        _OPEN[key] = cache
-        return cache
+            fresh = ChaiCache(folder, **settings)
+            self._opened = [c for c in self._opened if not c.closed] + [fresh]
+            if owner is not None:
+                self._by_owner[key] = fresh
+            if cache is not None:
+                cache.close()  # the owner's own previous handle, never another owner's
+            return fresh
 
+    def note_read(self, reader: str, folder: Path) -> None:
+        with self._lock:
+            self._read_by[reader] = str(folder)
 
-def store_generations() -> tuple[tuple[str, Any], ...]:
-    """(cache folder, generation) of every cache this process has open, sorted by folder.
+    def generation(self, reader: str) -> Any:
+        with self._lock:
+            folder = self._read_by.get(reader)
+        return (folder, self.folder_generation(folder)) if folder is not None else float("nan")
 
-    For ComfyUI's fingerprint_inputs, which sees only widget values: the tuple changes whenever any open
-    cache gains, loses or clears entries (in this or another process). A cache whose manifest cannot be read
-    gives a fresh NaN, which never compares equal, so a node fingerprinted with it re-runs.
-    """
-    with _OPEN_LOCK:
-        caches = sorted(_OPEN.items())
-    out = []
-    for folder, cache in caches:
-        try:
-            generation: Any = cache.store.generation
-        except (CacheError, sqlite3.Error, OSError, AttributeError):
-            generation = float("nan")
-        out.append((folder, generation))
-    return tuple(out)
+    def folder_generation(self, folder: str) -> Any:
+        """The generation of a folder through any open handle, or a fresh NaN."""
+        with self._lock:
+            caches = [c for c in self._opened if str(c.root) == folder and not c.closed]
+        for cache in caches:
+            try:
+                return cache.store.generation
+            except (CacheError, OSError):
+                continue
+        return float("nan")
 
+    def folders(self) -> list[str]:
+        with self._lock:
+            return sorted({str(c.root) for c in self._opened})
 
-def close_all() -> None:
-    """Close every cache this process opened (tests, shutdown)."""
-    with _OPEN_LOCK:
-        for cache in _OPEN.values():
+    def close_all(self) -> None:
+        with self._lock:
+            caches = list(self._opened)
+            self._opened.clear()
+            self._by_owner.clear()
+            self._read_by.clear()
+        for cache in caches:
             try:
                 cache.close()
             except CacheError:
                 pass
-        _OPEN.clear()
+
+
+_HANDLES = _Handles()
+
+
+def open_cache(root: str | os.PathLike, name: str, *, budget_bytes: int | None = None, policy: str | None = None,
+               embedder: Any = "minilm", spacy_pipeline: str | None = None, owner: str | None = None) -> ChaiCache:
+    """A ChaiCache for root/name owned by `owner` (e.g. a node id).
+
+    The same owner asking again with the same settings gets its handle back; with other settings its previous
+    handle is closed and a new one returned. Handles of other owners are never touched. Without an owner the
+    caller owns (and closes) a fresh handle. A given budget or policy becomes the cache's own (logged when it
+    changes): the budget belongs to the cache, so every process enforces the same one.
+    """
+    folder = cache_dir(root, name)
+    return _HANDLES.open(folder, owner, budget_bytes=budget_bytes, policy=policy, embedder=embedder,
+                         spacy_pipeline=spacy_pipeline)
+
+
+def note_lookup(reader: str, cache: ChaiCache) -> None:
+    """Record which cache a lookup (by its node id) read, for reader_generation."""
+    _HANDLES.note_read(reader, cache.root)
+
+
+def reader_generation(reader: str) -> Any:
+    """(folder, generation) of the cache this reader last read, or a fresh NaN when unknown or unreadable.
+
+    For ComfyUI's fingerprint_inputs, which sees only widget values: a lookup re-runs only when the cache it
+    reads changed. A fresh NaN never compares equal, so an unknown reader always re-runs.
+    """
+    return _HANDLES.generation(reader)
+
+
+def store_generations() -> tuple[tuple[str, Any], ...]:
+    """(folder, generation) of every cache opened through open_cache, by folder (NaN once unreadable or closed).
+
+    Kept for callers that watch all caches; the lookup node uses reader_generation, which watches only the
+    cache it reads.
+    """
+    return tuple((folder, _HANDLES.folder_generation(folder)) for folder in _HANDLES.folders())
+
+
+def close_all() -> None:
+    """Close every cache handle open_cache returned in this process (tests, shutdown)."""
+    _HANDLES.close_all()

@@ -43,7 +43,8 @@ class CacheOpen(io.ComfyNode):
                 io.Float.Input(
                     "budget_gb", default=2.0, min=0.01, max=10000.0, step=0.1, round=0.01,
                     tooltip="Disk budget for cached latents in GB; the least useful entries are evicted beyond "
-                            "it. An entry is about 1-2 MB at 240p, so 2 GB holds roughly a thousand generations."),
+                            "it. An entry is about 1-2 MB at 240p, so 2 GB holds roughly a thousand generations. "
+                            "The budget belongs to the cache: running this node sets it for every process."),
                 io.Combo.Input(
                     "policy", options=POLICIES, default="lru",
                     tooltip="Which entries to evict when the budget is full. 'lru' (least recently used, the "
@@ -87,10 +88,22 @@ class CacheOpen(io.ComfyNode):
             from ..cache_store.service import open_cache
 
             root = cache_root()
+            # The handle belongs to this node: re-running it (new budget) replaces only its own handle. The
+            # budget widget is an explicit setting: opening stores it as the cache's budget (logged if changed).
             cache = open_cache(root, name, budget_bytes=budget_from_gb(budget_gb), policy=policy,
-                               embedder=embedder)
+                               embedder=embedder, owner=f"CHAI_CacheOpen:{executing_node_id()}")
         log.info("[CHAI] cache %r open at %s (budget %.2f GB, %s)", name, cache.root, budget_gb, policy)
         return io.NodeOutput(cache)
+
+
+def executing_node_id() -> str:
+    """The id of the node ComfyUI is running (or fingerprinting) now; '?' outside an execution."""
+    try:
+        from comfy_execution.utils import get_executing_context
+    except ImportError:
+        return "?"
+    context = get_executing_context()
+    return str(context.node_id) if context is not None else "?"
 
 
 class CacheStats(io.ComfyNode):

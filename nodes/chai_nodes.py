@@ -37,9 +37,9 @@ TEXT_ENCODER_THRESHOLD = 0.85
 MAX_STEPS = 1000
 
 _EXTRACTOR: Any = None
-_EXTRACTOR_LOCK = threading.Lock()
+_EXTRACTOR_LOCK = threading.Lock()  # guards _EXTRACTOR only
 _TEXT_EMBEDDERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # CLIP -> its embedder
-_TEXT_EMBEDDERS_LOCK = threading.Lock()
+_TEXT_EMBEDDERS_LOCK = threading.Lock()  # guards _TEXT_EMBEDDERS only
 
 
 def shared_extractor() -> Any:
@@ -155,10 +155,12 @@ class CacheLookup(io.ComfyNode):
 
     @classmethod
     def fingerprint_inputs(cls, threshold: float = 0.0, **kwargs: Any) -> Any:
-        """Re-run when any open cache changed: ComfyUI passes only widget values here, never the linked cache."""
-        from ..cache_store.service import store_generations
+        """Re-run when the cache this node read changed: ComfyUI passes only widget values here, so the node
+        remembers (by its id) which cache it read; before its first run the fingerprint is a fresh NaN."""
+        from ..cache_store.service import reader_generation
+        from .cache_nodes import executing_node_id
 
-        return threshold, store_generations()
+        return threshold, reader_generation(f"CHAI_CacheLookup:{executing_node_id()}")
 
     @classmethod
     def execute(cls, cache: Any, entities: Any, model: Any, latent: dict, threshold: float) -> io.NodeOutput:
@@ -168,7 +170,11 @@ class CacheLookup(io.ComfyNode):
             from ..chai_attention.cache_io import lookup_hit
             from ..chai_attention.comfy_glue import comfy_model_fingerprint, latent_shape
 
+            from ..cache_store.service import note_lookup
+            from .cache_nodes import executing_node_id
+
             get_adapter(model)  # an unsupported model is refused here, naming the supported ones
+            note_lookup(f"CHAI_CacheLookup:{executing_node_id()}", cache)
             hit = lookup_hit(cache, entities, comfy_model_fingerprint(model), latent_shape(model, latent),
                              threshold)
         report = format_lookup(hit)

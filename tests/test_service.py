@@ -94,11 +94,14 @@ def test_another_embedder_is_a_miss_with_reason(cache):
     assert not result.hit and "embedder" in result.reason and "fn:clip-test" in result.reason
 
 
-def test_open_cache_reuses_one_handle_and_validates_names(tmp_path):
-    a = open_cache(tmp_path, "studio", budget_bytes=10**9)
-    assert open_cache(tmp_path, "studio", budget_bytes=10**9) is a
-    b = open_cache(tmp_path, "studio", budget_bytes=2 * 10**9)
-    assert b is not a and b.store.config.budget_bytes == 2 * 10**9
+def test_open_cache_reuses_one_handle_per_owner_and_validates_names(tmp_path):
+    a = open_cache(tmp_path, "studio", budget_bytes=10**9, owner="node-1")
+    assert open_cache(tmp_path, "studio", budget_bytes=10**9, owner="node-1") is a
+    other = open_cache(tmp_path, "studio", budget_bytes=3 * 10**9, owner="node-2")
+    assert other is not a and not a.closed  # another owner never closes node-1's handle
+    b = open_cache(tmp_path, "studio", budget_bytes=2 * 10**9, owner="node-1")
+    assert b is not a and a.closed and not other.closed  # node-1 replaced only its own handle
+    assert b.store.budget_bytes == other.store.budget_bytes == 2 * 10**9  # the budget belongs to the cache
     with pytest.raises(CacheNameError):
         open_cache(tmp_path, "../outside", budget_bytes=10**9)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["studio"]

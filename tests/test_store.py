@@ -15,6 +15,7 @@ from comfyui_chai.cache_store.config import StoreConfig, budget_from_gb
 from comfyui_chai.cache_store.errors import (CacheNameError, CacheWriteError, EmbedderMismatchError, EntryTooLargeError,
                                 FormatVersionError)
 from comfyui_chai.cache_store.naming import cache_dir
+from comfyui_chai.cache_store.index_sync import IndexKeeper
 from comfyui_chai.cache_store.store import CacheStore, NothingToStoreError
 from store_helpers import SIGMAS, ents, latents
 
@@ -209,7 +210,7 @@ def test_persistence_across_reopen_uses_saved_index(tmp_path, monkeypatch):
     def no_rebuild(*a, **k):
         raise AssertionError("the saved index should have been loaded, not rebuilt")
 
-    monkeypatch.setattr(CacheStore, "_rebuild_index", no_rebuild)
+    monkeypatch.setattr(IndexKeeper, "rebuild", no_rebuild)
     with CacheStore(root, StoreConfig(10**9)) as s2:
         assert sorted(e.id for e in s2.entries()) == ids
         res = s2.lookup(ents("thing3"), FP, SHAPE, THR)

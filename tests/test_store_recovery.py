@@ -62,7 +62,9 @@ def assert_intact(root, budget: int) -> int:
         report = s.verify()
         assert report.ok and not report.problems, report.report()
         entries = s.entries()
-        assert s.stats().bytes <= budget
+        # a kill between a file's rename and its commit leaves a file open adopts (open never evicts): at most one
+        # unacknowledged entry above the budget, until the next write or prune
+        assert s.stats().bytes <= budget + max((e.nbytes for e in entries), default=0)
         for e in entries:
             tensors, sigmas = s.load_latents(e.id)
             want = latents(int(e.prompt.split("=")[1]))
@@ -163,8 +165,13 @@ def test_damaged_only_candidate_gives_a_clear_miss(tmp_path):
         assert s.stats().entries == 0
 
 
-def test_deleted_file_found_on_open(filled):
+def test_deleted_file_is_reported_by_open_and_dropped_by_repair(filled):
     (filled / "latents" / _file_of(filled, "seed=4")).unlink()
+    with CacheStore(filled) as s:
+        assert any("missing or damaged" in w for w in s.warnings)
+        assert s.stats().entries == 6  # open never deletes, not even a dead row
+        report = s.repair()
+        assert any("dropped entry" in r and "seed=4" in r for r in report.repaired)
     assert assert_intact(filled, 10**9) == 5
 
 
@@ -187,7 +194,8 @@ def test_garbage_manifest_is_rebuilt_from_the_latent_files(filled):
     with CacheStore(filled, StoreConfig(10**9)) as s:
         assert s.stats().entries == 6
         assert s.lookup(ents("thing3"), FP, SHAPE, THR).entry.prompt == "seed=3"
-    assert list(filled.glob("manifest.corrupt-*"))          # the damaged file is kept aside, not deleted
+    kept = list((filled / "quarantine").glob("*manifest.sqlite"))   # the damaged file is kept aside, not deleted
+    assert kept and kept[0].read_bytes()[:16] != b"SQLite format 3\x00"
     assert assert_intact(filled, 10**9) == 6
 
 
@@ -200,9 +208,13 @@ def test_garbage_rows_never_reach_outside_the_cache(filled, tmp_path):
     con.commit()
     con.close()
     with CacheStore(filled, StoreConfig(10**9)) as s:
-        assert {e.prompt for e in s.entries()} == {f"seed={i}" for i in (0, 3, 4, 5)}
+        # seed=1's real file lost its row, so open adopted it back; the two garbage rows stay until repair
+        assert sorted(e.prompt for e in s.entries()) == sorted([f"seed={i}" for i in range(6)] + ["seed=1"])
+        assert s.lookup(ents("thing1"), FP, SHAPE, THR).entry.prompt == "seed=1"
+        report = s.repair()
+        assert sum("dropped entry" in r for r in report.repaired) == 2
     assert outside.read_bytes() == b"keep me"
-    assert assert_intact(filled, 10**9) == 4
+    assert assert_intact(filled, 10**9) == 6
 
 
 def test_verify_reports_and_repair_fixes(filled):

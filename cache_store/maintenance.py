@@ -1,0 +1,253 @@
+"""Maintenance of a cache folder: a read-only verify, and repair, prune and clear (the only actions that delete)."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from . import latents as lat
+from .errors import CacheError
+from .index import IndexLoadError, VectorIndex
+from .index_sync import INDEX_STATE
+from .layout import INDEX_DIR, LATENT_DIR
+from .manifest import MANIFEST_NAME, Manifest, shape_key
+from .naming import is_entry_file_name
+from .recovery import adopt_unlisted, quarantine, rebuild_manifest, sweep_temporaries
+from .rows import delete_entries, recount_bytes, victims
+from .types import VerifyReport
+from .validate import UNIT_TOLERANCE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .store import CacheStore
+
+log = logging.getLogger(__name__)
+
+
+def _file_problem(latent_dir: Path, row: dict) -> str | None:
+    """Why an entry's file cannot serve it, or None when it is intact and matches its row."""
+    name = row["file"]
+    if not is_entry_file_name(name):
+        return f"invalid file name {name!r} in the manifest"
+    try:
+        record, data = lat.read_entry_file(latent_dir / name)
+    except OSError as exc:
+        return f"latent file {name} is missing or not a regular file ({exc.strerror or exc})"
+    except CacheError as exc:
+        return f"latent file {name} is damaged: {exc}"
+    if len(data) != row["nbytes"] or lat.checksum(data) != row["checksum"]:
+        return f"latent file {name} fails its checksum or size (truncated or modified)"
+    if shape_key(record.shape) != row["shape"] or record.dtype != row["dtype"]:
+        return f"latent file {name} holds {record.dtype} {list(record.shape)}, the manifest says {row['dtype']} " \
+               f"{row['shape']}"
+    return None
+
+
+def _unlisted_problem(latent_dir: Path, name: str) -> str:
+    try:
+        lat.read_entry_file(latent_dir / name)
+    except (OSError, CacheError) as exc:
+        return f"{name} is not in the manifest and is unusable ({exc}): open or repair quarantines it"
+    return f"{name} is not in the manifest: open or repair adopts it"
+
+
+def _bad_vectors(manifest: Manifest) -> list[int]:
+    dim = int(manifest.meta("dim", "0") or 0)
+    bad = []
+    for eid, blob in manifest.query("SELECT id, vector FROM entities"):
+        vec = np.frombuffer(blob, np.float32) if isinstance(blob, bytes) and len(blob) == 4 * dim else None
+        if vec is None or not np.isfinite(vec).all() or abs(float(np.linalg.norm(vec)) - 1.0) > UNIT_TOLERANCE:
+            bad.append(eid)
+    return bad
+
+
+def _check_manifest(manifest: Manifest, latent_dir: Path, index_dir: Path, report: VerifyReport) -> None:
+    status = manifest.query("PRAGMA integrity_check")[0][0]
+    if status != "ok":
+        report.problems.append(f"manifest integrity check failed: {status}")
+    rows = [dict(r) for r in manifest.query("SELECT id, file, nbytes, checksum, shape, dtype FROM entries")]
+    report.checked = len(rows)
+    for row in rows:
+        problem = _file_problem(latent_dir, row)
+        if problem:
+            report.problems.append(f"entry {row['id']}: {problem}")
+    listed = {r["file"] for r in rows}
+    for path in sorted(latent_dir.iterdir()):
+        if is_entry_file_name(path.name) and path.name not in listed:
+            report.problems.append(_unlisted_problem(latent_dir, path.name))
+    counted = manifest.query("SELECT COALESCE(SUM(nbytes), 0) FROM entries")[0][0]
+    if int(manifest.meta("total_bytes", "0") or 0) != counted:
+        report.problems.append("the byte counter disagrees with the entries")
+    orphans = manifest.query("SELECT COUNT(*) FROM entities WHERE NOT EXISTS "
+                             "(SELECT 1 FROM postings WHERE postings.entity_id = entities.id)")[0][0]
+    if orphans:
+        report.problems.append(f"{orphans} entities belong to no entry")
+    dangling = manifest.query("SELECT COUNT(*) FROM postings WHERE entry_id NOT IN (SELECT id FROM entries)")[0][0]
+    if dangling:
+        report.problems.append(f"{dangling} postings point to missing entries")
+    bad = _bad_vectors(manifest)
+    if bad:
+        report.problems.append(f"{len(bad)} entity vector(s) are not finite unit vectors")
+    _check_index(manifest, index_dir, report)
+
+
+def _check_index(manifest: Manifest, index_dir: Path, report: VerifyReport) -> None:
+    """Load the saved index the way open would (validated) and say if open would have to rebuild it."""
+    dim = manifest.meta("dim")
+    state_path = index_dir / INDEX_STATE
+    if not dim or not state_path.exists():
+        return
+    try:
+        state = json.loads(state_path.read_text())
+        if not lat.is_leaf_name(state["file"]) or state["file"].startswith("."):
+            raise IndexLoadError("invalid index file name")
+        VectorIndex.load(index_dir / state["file"], int(dim))
+    except (OSError, ValueError, KeyError, TypeError, IndexLoadError) as exc:
+        report.problems.append(f"the saved entity index is refused ({exc}); open rebuilds it from the manifest")
+
+
+def verify_folder(root: Path) -> VerifyReport:
+    """Every problem of a cache folder, read through a read-only manifest connection; nothing is written."""
+    report = VerifyReport()
+    root = Path(root)
+    latent_dir, index_dir = root / LATENT_DIR, root / INDEX_DIR
+    if not latent_dir.is_dir():
+        report.problems.append(f"{root} has no {LATENT_DIR}/ folder (not a cache, or never opened)")
+        return report
+    for path in sorted(latent_dir.iterdir()):
+        if path.name.startswith(lat.TMP_PREFIX):
+            report.problems.append(f"leftover temporary file {path.name} (the next open removes it)")
+    manifest_path = root / MANIFEST_NAME
+    if not manifest_path.exists():
+        report.problems.append("the manifest is missing: the next open rebuilds it from the latent files")
+        for path in sorted(latent_dir.iterdir()):
+            if is_entry_file_name(path.name):
+                report.problems.append(_unlisted_problem(latent_dir, path.name))
+        return report
+    try:
+        manifest = Manifest(manifest_path, readonly=True)
+    except CacheError as exc:
+        report.problems.append(f"the manifest is unusable ({exc}): open and repair rebuild it from the latent files")
+        return report
+    try:
+        _check_manifest(manifest, latent_dir, index_dir, report)
+    except CacheError as exc:
+        report.problems.append(f"the manifest could not be read to the end ({exc})")
+    finally:
+        manifest.close()
+    return report
+
+
+def repair(store: "CacheStore") -> VerifyReport:
+    """Verify, then fix: rebuild a damaged manifest, drop entries whose files are bad (files quarantined),
+    adopt or quarantine unlisted files, drop orphan rows and bad vectors, recount, rebuild the index."""
+    report = verify_folder(store.root)
+    report.repaired += [f"on open: {line}" for line in store.warnings]  # open's own adoptions and quarantines
+    store.warnings = []
+    with store._writer:
+        for name in sweep_temporaries(store.root, store.latent_dir, store.index_dir):
+            report.repaired.append(f"removed temporary file {name}")
+        if any(p.startswith(("manifest integrity", "the manifest could not")) for p in report.problems):
+            store.manifest.close()
+            rebuilt = rebuild_manifest(store.root, store.latent_dir, "repair: " + report.problems[0])
+            store.manifest = store.keeper.manifest = Manifest(store.root / MANIFEST_NAME)
+            report.repaired += rebuilt.lines()
+        _drop_bad_entries(store, report)
+        with store.manifest.write() as cur:
+            cur.execute("DELETE FROM postings WHERE entry_id NOT IN (SELECT id FROM entries)")
+            if cur.rowcount:
+                report.repaired.append(f"removed {cur.rowcount} dangling postings")
+        bad = _bad_vectors(store.manifest)
+        with store.manifest.write() as cur:
+            gone = [r[0] for r in cur.execute("SELECT id FROM entities WHERE NOT EXISTS "
+                                              "(SELECT 1 FROM postings WHERE postings.entity_id = entities.id)")]
+            held = [r[0] for r in cur.execute(
+                f"SELECT DISTINCT entry_id FROM postings WHERE entity_id IN ({','.join('?' * len(bad))})", bad)]
+            files = delete_entries(cur, held) if held else []
+            for eid in set(gone) | set(bad):
+                cur.execute("DELETE FROM entities WHERE id=?", (eid,))
+                cur.execute("DELETE FROM postings WHERE entity_id=?", (eid,))
+                cur.execute("INSERT INTO index_log(entity_id, op) VALUES (?, 'del')", (eid,))
+            Manifest.bump(cur, "generation")
+        _quarantine_files(store, files, "its entry had an invalid entity vector", report)
+        if gone:
+            report.repaired.append(f"removed {len(gone)} entities that belonged to no entry")
+        if bad:
+            report.repaired.append(f"removed {len(bad)} invalid entity vectors and the {len(held)} entries "
+                                   "holding them")
+        report.repaired += adopt_unlisted(store.manifest, store.root, store.latent_dir).lines()
+        with store.manifest.write() as cur:
+            recount_bytes(cur)
+            Manifest.bump(cur, "index_epoch")
+        store.keeper.rebuild()
+        store.keeper.save()
+        report.repaired.append("rebuilt and saved the entity index")
+    return report
+
+
+def _drop_bad_entries(store: "CacheStore", report: VerifyReport) -> None:
+    rows = [dict(r) for r in store.manifest.query(
+        "SELECT id, prompt, file, nbytes, checksum, shape, dtype FROM entries")]
+    for row in rows:
+        problem = _file_problem(store.latent_dir, row)
+        if problem is None:
+            continue
+        with store.manifest.write() as cur:
+            delete_entries(cur, [row["id"]])
+        path = store.latent_dir / row["file"]
+        moved = ""
+        if is_entry_file_name(row["file"]) and (path.exists() or path.is_symlink()):
+            try:
+                _, data = lat.read_entry_file(path)
+                if lat.checksum(data) != row["checksum"]:
+                    raise CacheError("the file's bytes differ from what was committed")
+                moved = "; its file is intact and is adopted again"
+            except (OSError, CacheError):
+                quarantine(store.root, path, f"entry {row['id']}: {problem}")
+                moved = "; its file was quarantined"
+        report.repaired.append(f"dropped entry {row['id']} ({str(row['prompt'])[:60]!r}): {problem}{moved}")
+
+
+def _quarantine_files(store: "CacheStore", files: list[str], reason: str, report: VerifyReport) -> None:
+    for name in files:
+        path = store.latent_dir / name
+        if is_entry_file_name(name) and (path.exists() or path.is_symlink()):
+            quarantine(store.root, path, reason)
+            report.repaired.append(f"quarantined {name}: {reason}")
+
+
+def prune(store: "CacheStore", budget_bytes: int | None = None) -> list[int]:
+    """Evict by policy until the latents fit the cache's budget; `budget_bytes` first becomes that budget."""
+    if budget_bytes is not None:
+        store.set_budget(int(budget_bytes))
+    with store._writer:
+        with store.manifest.write() as cur:
+            total = int(cur.execute("SELECT value FROM meta WHERE key='total_bytes'").fetchone()[0])
+            chosen = victims(cur, total - store.budget_bytes, store.policy_in(cur))
+            files = delete_entries(cur, chosen)
+        lat.remove_files(store.latent_dir, [f for f in files if is_entry_file_name(f)])
+        store.keeper.sync()
+    if chosen:
+        log.info("[CHAI] pruned %d entries of %s to fit its budget", len(chosen), store.root)
+    return chosen
+
+
+def clear(store: "CacheStore") -> int:
+    """Remove every entry, entity, latent file and the saved index; quarantine/ is left for inspection."""
+    with store._writer:
+        with store.manifest.write() as cur:
+            n = cur.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+            files = [r[0] for r in cur.execute("SELECT file FROM entries")]
+            for table in ("postings", "entries", "entities", "index_log", "groups"):
+                cur.execute(f"DELETE FROM {table}")
+            cur.execute("DELETE FROM meta WHERE key IN ('embedder', 'dim')")
+            Manifest.set_meta(cur, "total_bytes", "0")
+            Manifest.bump(cur, "generation")
+            Manifest.bump(cur, "index_epoch")
+        lat.remove_files(store.latent_dir, [f for f in files if is_entry_file_name(f)])
+        lat.remove_files(store.index_dir, [p.name for p in store.index_dir.iterdir() if p.is_file()])
+        store.keeper.load()
+    log.info("[CHAI] cleared %d entries of %s", n, store.root)
+    return n

@@ -1,0 +1,74 @@
+"""Lookup ranking over the manifest's postings, and the reasons a lookup missed."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .manifest import Manifest, shape_key
+from .types import EmbeddedEntities, Match
+
+NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
+CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
+
+
+def rank(manifest: Manifest, matched: list[tuple[int, int, float]], fingerprint: str, shape: str) -> list[int]:
+    """Compatible entries ordered by matched query entities, then summed similarity, then newest."""
+    group = manifest.query("SELECT id FROM groups WHERE fingerprint=? AND shape=?", (fingerprint, shape))
+    if not group:
+        return []
+    values = ",".join(["(?,?,?)"] * len(matched))
+    params: list[Any] = [x for triple in matched for x in triple]
+    # CROSS JOIN pins the loop order: matched entities -> their postings in this group (one range scan each).
+    sql = (f"WITH m(q, eid, sim) AS (VALUES {values}), "
+           "best AS (SELECT p.entry_id AS entry_id, m.q AS q, MAX(m.sim) AS sim "
+           "FROM m CROSS JOIN postings p ON p.group_id = ? AND p.entity_id = m.eid GROUP BY p.entry_id, m.q) "
+           "SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best GROUP BY entry_id "
+           "ORDER BY n DESC, s DESC, entry_id DESC LIMIT ?")
+    rows = manifest.query(sql, params + [group[0][0], CANDIDATES])
+    return [r[0] for r in rows]
+
+def matches_for(manifest: Manifest, entry_id: int, entities: EmbeddedEntities,
+                 matched: list[tuple[int, int, float]]) -> list[Match]:
+    held = {r[0]: r[1] for r in manifest.query(
+        "SELECT e.id, e.text FROM postings p JOIN entities e ON e.id = p.entity_id WHERE p.entry_id=?",
+        (entry_id,))}
+    best: dict[int, tuple[float, str]] = {}
+    for q, eid, sim in matched:
+        if eid in held and sim > best.get(q, (-2.0, ""))[0]:
+            best[q] = (sim, held[eid])
+    return [Match(entities.entities[q].text, text, sim) for q, (sim, text) in sorted(best.items())]
+
+def entity_texts(manifest: Manifest, ids: Sequence[int]) -> dict[int, str]:
+    if not ids:
+        return {}
+    marks = ",".join("?" * len(ids))
+    return {r[0]: r[1] for r in manifest.query(f"SELECT id, text FROM entities WHERE id IN ({marks})",
+                                                     list(ids))}
+
+def no_match_reason(manifest: Manifest, entities: EmbeddedEntities, labels: np.ndarray, sims: np.ndarray,
+                     threshold: float) -> str:
+    best_q, best_col, best = -1, -1, -2.0
+    for q in range(labels.shape[0]):
+        if labels.shape[1] and labels[q, 0] >= 0 and sims[q, 0] > best:
+            best_q, best_col, best = q, 0, float(sims[q, 0])
+    if best_q < 0:
+        return "the cache is empty"
+    text = entity_texts(manifest, [int(labels[best_q, best_col])]).get(int(labels[best_q, best_col]), "?")
+    return (f"no cached entity reaches similarity {threshold:.2f} (closest: "
+            f"'{entities.entities[best_q].text}'~'{text}' {best:.3f})")
+
+def incompatible_reason(manifest: Manifest, matched: list[tuple[int, int, float]], fingerprint: str,
+                         shape: Sequence[int]) -> str:
+    ids = sorted({eid for _, eid, _ in matched})[:500]
+    marks = ",".join("?" * len(ids))
+    rows = manifest.query(
+        f"SELECT e.fingerprint, e.shape FROM entries e WHERE e.id IN "
+        f"(SELECT entry_id FROM postings WHERE entity_id IN ({marks})) LIMIT 50", ids)
+    if not rows:
+        return "matched entities have no entries any more"
+    if all(r[0] != fingerprint for r in rows):
+        return (f"entries share entities but were made with another model (fingerprint {rows[0][0][:16]}..., "
+                f"this run {fingerprint[:16]}...)")
+    shapes = sorted({r[1] for r in rows if r[0] == fingerprint})
+    return f"entries share entities but have latent shape {', '.join(shapes)}, this run {shape_key(shape)}"

@@ -1,0 +1,156 @@
+"""Recovery of a cache folder without deleting anything: adopt intact files, quarantine the rest, rebuild atomically.
+
+Latent files describe themselves (metadata, entity vectors), so a file the manifest does not list is validated
+and adopted into the manifest, or moved to ``quarantine/`` with a reason file. A manifest SQLite cannot use is
+replaced by one built from the files in a temporary database that is renamed into place; the old one is kept in
+quarantine. No step deletes a latent file, so a kill at any point loses nothing the next open cannot rebuild.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import latents as lat
+from .errors import CacheError, ManifestDamagedError
+from .manifest import MANIFEST_NAME, Manifest
+from .naming import is_entry_file_name
+from .rows import insert_entry, recount_bytes
+from .validate import EntryRecord
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_DIR = "quarantine"
+REBUILD_PREFIX = ".manifest-rebuild-"
+
+
+@dataclass
+class RecoveryLog:
+    """What a recovery step adopted, quarantined and noticed."""
+
+    adopted: list[str] = field(default_factory=list)
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """One line per action, for reports and warnings."""
+        out = [f"adopted {len(self.adopted)} latent file(s) into the manifest"] if self.adopted else []
+        out += [f"quarantined {name}: {reason}" for name, reason in self.quarantined]
+        return out + self.notes
+
+
+def quarantine(root: Path, path: Path, reason: str) -> Path:
+    """Move `path` (file, directory or link) into root/quarantine with a .reason.txt beside it."""
+    target_dir = root / QUARANTINE_DIR
+    target_dir.mkdir(exist_ok=True)
+    target = target_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}-{path.name}"
+    os.replace(path, target)
+    (target_dir / (target.name + ".reason.txt")).write_text(reason + "\n", encoding="utf-8")
+    lat.fsync_dir(target_dir)
+    log.warning("[CHAI] moved %s to %s: %s", path.name, target, reason)
+    return target
+
+
+def sweep_temporaries(root: Path, latent_dir: Path, index_dir: Path) -> list[str]:
+    """Remove what interrupted writes left: temp latents, temp index files, abandoned manifest rebuilds."""
+    gone = []
+    for directory, test in ((latent_dir, lambda n: n.startswith(lat.TMP_PREFIX)),
+                            (index_dir, lambda n: n.startswith(lat.TMP_PREFIX) or (n.startswith(".")
+                                                                                   and n.endswith(".tmp"))),
+                            (root, lambda n: n.startswith(REBUILD_PREFIX))):
+        names = [p.name for p in directory.iterdir() if test(p.name) and not p.is_dir()]
+        lat.remove_files(directory, names)
+        gone += names
+    return gone
+
+
+def _validate_file(path: Path, embedder: str | None, dim: int | None) -> tuple[EntryRecord, bytes]:
+    """An adoptable file's record and bytes; CacheError/OSError naming the reason otherwise."""
+    record, data = lat.read_entry_file(path)
+    if embedder is not None and record.embedder != embedder:
+        raise CacheError(f"made with embedder {record.embedder!r}, the cache holds {embedder!r}")
+    if dim is not None and record.vectors.shape[1] != dim:
+        raise CacheError(f"has {record.vectors.shape[1]}-d entity vectors, the cache {dim}-d")
+    return record, data
+
+
+def unlisted_files(manifest: Manifest, latent_dir: Path) -> list[str]:
+    """Entry-named things in latents/ that no manifest row lists, oldest first."""
+    listed = {r[0] for r in manifest.query("SELECT file FROM entries")}
+    found = [(p.lstat().st_mtime, p.name) for p in latent_dir.iterdir()
+             if is_entry_file_name(p.name) and p.name not in listed]
+    return [name for _, name in sorted(found)]
+
+
+def adopt_files(manifest: Manifest, root: Path, latent_dir: Path, names: list[str], log_: RecoveryLog) -> None:
+    """Validate files and add the intact ones in one transaction; quarantine the others with their reason."""
+    embedder, dim_text = manifest.meta("embedder"), manifest.meta("dim")
+    dim = int(dim_text) if dim_text and dim_text.isdigit() else None
+    good: list[tuple[str, EntryRecord, bytes]] = []
+    for name in names:
+        path = latent_dir / name
+        try:
+            record, data = _validate_file(path, embedder, dim)
+        except (CacheError, OSError) as exc:
+            try:
+                quarantine(root, path, f"{name}: {exc}")
+                log_.quarantined.append((name, str(exc)))
+            except OSError as move_exc:
+                log_.notes.append(f"could not quarantine {name} ({move_exc}); left in place")
+            continue
+        embedder, dim = embedder or record.embedder, dim or record.vectors.shape[1]
+        good.append((name, record, data))
+    if not good:
+        return
+    with manifest.write() as cur:
+        for name, record, data in good:
+            insert_entry(cur, record, name, len(data), lat.checksum(data))
+        recount_bytes(cur)
+        Manifest.bump(cur, "index_epoch")
+    log_.adopted += [name for name, _, _ in good]
+
+
+def rebuild_manifest(root: Path, latent_dir: Path, reason: str) -> RecoveryLog:
+    """Build a new manifest from the latent files in a temporary database and rename it into place."""
+    log.warning("[CHAI] rebuilding the cache manifest in %s from its latent files (%s)", root, reason)
+    log_ = RecoveryLog(notes=[f"rebuilt the manifest from the latent files ({reason})"])
+    tmp = root / f"{REBUILD_PREFIX}{uuid.uuid4().hex}.sqlite"
+    fresh = Manifest(tmp)
+    try:
+        names = sorted((p for p in latent_dir.iterdir() if is_entry_file_name(p.name)),
+                       key=lambda p: p.lstat().st_mtime)
+        adopt_files(fresh, root, latent_dir, [p.name for p in names], log_)
+        fresh.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        fresh.close()
+    for suffix in ("-wal", "-shm"):
+        Path(str(tmp) + suffix).unlink(missing_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        old = root / (MANIFEST_NAME + suffix)
+        if old.exists():
+            quarantine(root, old, f"{MANIFEST_NAME}{suffix} replaced by a rebuild: {reason}")
+    os.replace(tmp, root / MANIFEST_NAME)
+    lat.fsync_dir(root)
+    return log_
+
+
+def open_manifest(root: Path, latent_dir: Path) -> tuple[Manifest, RecoveryLog]:
+    """The folder's manifest, rebuilt from the files first when SQLite or the schema make it unusable."""
+    path = root / MANIFEST_NAME
+    try:
+        return Manifest(path), RecoveryLog()
+    except ManifestDamagedError as exc:
+        log_ = rebuild_manifest(root, latent_dir, str(exc))
+        return Manifest(path), log_
+
+
+def adopt_unlisted(manifest: Manifest, root: Path, latent_dir: Path) -> RecoveryLog:
+    """Adopt or quarantine every entry-named file no row lists (non-regular ones are quarantined)."""
+    log_ = RecoveryLog()
+    names = unlisted_files(manifest, latent_dir)
+    if names:
+        adopt_files(manifest, root, latent_dir, names, log_)
+    return log_

@@ -1,0 +1,183 @@
+"""Checks every entry passes before it is committed, whether it comes from an insert or from a file on disk.
+
+Anything committed must keep open, lookup, verify and repair working, so the same rules apply to a new insert
+and to a latent file adopted into the manifest: unit-norm finite entity vectors, finite float latents of one
+shape and dtype (read from the tensors themselves), finite sigmas, UTF-8 encodable texts of bounded size.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import InvalidEntryError
+
+UNIT_TOLERANCE = 1e-3
+MAX_TEXT = 100_000       # characters of a prompt
+MAX_ENTITY_TEXT = 500
+MAX_ENTITIES = 256
+MAX_TENSORS = 64
+MAX_NDIM = 8
+MAX_SIGMAS = 1000
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class EntryRecord:
+    """Everything the manifest stores about one entry, validated."""
+
+    prompt: str
+    entities: tuple[tuple[str, str], ...]   # (text, kind)
+    vectors: np.ndarray                     # (n, dim) float32, unit rows
+    embedder: str
+    fingerprint: str
+    shape: tuple[int, ...]
+    dtype: str
+    sigmas: tuple[float, ...]
+    tensors: tuple[str, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def check_text(value: object, what: str, limit: int, empty_ok: bool = False) -> str:
+    """A (non-empty unless `empty_ok`), UTF-8 encodable string of at most `limit` characters."""
+    if not isinstance(value, str) or not (empty_ok or value.strip()):
+        raise InvalidEntryError(f"{what} must be a non-empty string")
+    if len(value) > limit:
+        raise InvalidEntryError(f"{what} is longer than {limit} characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidEntryError(f"{what} is not valid Unicode (a lone surrogate at position {exc.start})") from exc
+    return value
+
+
+def check_vectors(vectors: Any, n: int, dim: int | None = None) -> np.ndarray:
+    """(n, dim) float32 rows, each finite with unit length (an all-zero row has no direction)."""
+    arr = np.asarray(vectors, dtype=np.float32)
+    if arr.ndim != 2 or arr.shape[0] != n or arr.shape[1] < 1 or (dim is not None and arr.shape[1] != dim):
+        want = f"({n}, {dim if dim is not None else 'dim'})"
+        raise InvalidEntryError(f"entity vectors have shape {tuple(arr.shape)}, expected {want}")
+    if not np.isfinite(arr).all():
+        raise InvalidEntryError("entity vectors contain NaN or infinity")
+    norms = np.linalg.norm(arr, axis=1)
+    if (np.abs(norms - 1.0) > UNIT_TOLERANCE).any():
+        raise InvalidEntryError(f"entity vectors are not unit length (norms {norms.min():.3g}-{norms.max():.3g})")
+    return np.ascontiguousarray(arr)
+
+
+def check_entities(entities: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """1..MAX_ENTITIES (text, kind) pairs of bounded, encodable text."""
+    if not 0 < len(entities) <= MAX_ENTITIES:
+        raise InvalidEntryError(f"an entry needs 1-{MAX_ENTITIES} entities, got {len(entities)}")
+    return tuple((check_text(t, "entity text", MAX_ENTITY_TEXT), check_text(k, "entity kind", 64))
+                 for t, k in entities)
+
+
+def check_sigmas(sigmas: Sequence[Any]) -> tuple[float, ...]:
+    """Finite noise levels."""
+    try:
+        out = tuple(float(s) for s in sigmas)
+    except (TypeError, ValueError) as exc:
+        raise InvalidEntryError(f"sigmas must be numbers: {exc}") from exc
+    if len(out) > MAX_SIGMAS or not all(math.isfinite(s) for s in out):
+        raise InvalidEntryError("sigmas must be at most 1000 finite numbers")
+    return out
+
+
+def check_latents(tensors: Mapping[str, Any], shape: Sequence[int] | None = None) -> tuple[tuple[int, ...], str]:
+    """The common (shape, dtype) of finite float latent tensors with valid names."""
+    if not 0 < len(tensors) <= MAX_TENSORS:
+        raise InvalidEntryError(f"an entry needs 1-{MAX_TENSORS} latent tensors, got {len(tensors)}")
+    seen: set[tuple[tuple[int, ...], str]] = set()
+    for name, tensor in tensors.items():
+        if not isinstance(name, str) or not name or len(name) > 128 or name.startswith("chai."):
+            raise InvalidEntryError(f"invalid latent tensor name {name!r} (1-128 characters, not 'chai.*')")
+        dims = tuple(int(s) for s in tensor.shape)
+        dtype = str(tensor.dtype).replace("torch.", "")
+        if dtype not in FLOAT_DTYPES or not 0 < len(dims) <= MAX_NDIM or min(dims) < 1:
+            raise InvalidEntryError(f"latent {name!r} is {dtype} of shape {dims}: need a non-empty float tensor")
+        if not bool(tensor.isfinite().all()):
+            raise InvalidEntryError(f"latent {name!r} contains NaN or infinity")
+        seen.add((dims, dtype))
+    if len(seen) != 1:
+        raise InvalidEntryError(f"latent tensors differ in shape or dtype: {sorted(seen)}")
+    dims, dtype = seen.pop()
+    if shape is not None and tuple(int(s) for s in shape) != dims:
+        raise InvalidEntryError(f"latents have shape {dims}, the entry says {tuple(shape)}")
+    return dims, dtype
+
+
+def check_record(prompt: str, entities: Sequence[tuple[str, str]], vectors: Any, embedder: str, fingerprint: str,
+                 tensors: Mapping[str, Any], sigmas: Sequence[Any], shape: Sequence[int] | None = None,
+                 extra: Mapping[str, Any] | None = None, dim: int | None = None) -> EntryRecord:
+    """Validate a whole entry; raise InvalidEntryError naming the first problem."""
+    ents = check_entities(entities)
+    dims, dtype = check_latents(tensors, shape)
+    try:
+        extra_json = json.loads(json.dumps(dict(extra or {})))
+    except (TypeError, ValueError) as exc:
+        raise InvalidEntryError(f"entry metadata is not JSON: {exc}") from exc
+    return EntryRecord(
+        prompt=check_text(prompt, "prompt", MAX_TEXT, empty_ok=True), entities=ents, vectors=check_vectors(vectors, len(ents), dim),
+        embedder=check_text(embedder, "embedder", 256), fingerprint=check_text(fingerprint, "fingerprint", 1024),
+        shape=dims, dtype=dtype, sigmas=check_sigmas(sigmas), tensors=tuple(sorted(tensors)), extra=extra_json)
+
+
+def read_regular_file(path: Path) -> bytes:
+    """Bytes of a regular file, refusing symlinks, directories and devices (OSError otherwise)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise IsADirectoryError(f"{path.name} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
+def record_from_file(data: bytes, vectors_key: str, file_format: str) -> tuple[EntryRecord, dict[str, Any]]:
+    """The validated record a latent file describes, with its tensors; shape and dtype come from the tensors."""
+    from safetensors.torch import load
+
+    try:
+        header_len = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8:8 + header_len])
+        meta = json.loads(header["__metadata__"]["chai"])
+        tensors = load(data)
+    except Exception as exc:  # safetensors and json raise several types; each is the same verdict
+        raise InvalidEntryError(f"not a readable CHAI latent file ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(meta, dict) or meta.get("format") != file_format:
+        raise InvalidEntryError("not a CHAI latent file (metadata format missing or unknown)")
+    digest = meta.get("data_sha256")
+    if digest is not None and hashlib.sha256(data[8 + header_len:]).hexdigest() != digest:
+        raise InvalidEntryError("the tensor bytes fail the checksum the file carries (modified or damaged)")
+    vectors = tensors.pop(vectors_key, None)
+    if vectors is None:
+        raise InvalidEntryError("the file carries no entity vectors")
+    raw_ents = meta.get("entities")
+    if not isinstance(raw_ents, list) or not all(isinstance(e, dict) for e in raw_ents):
+        raise InvalidEntryError("the metadata's entity list is malformed")
+    ents = [(e.get("text"), e.get("kind", "object")) for e in raw_ents]
+    shape = meta.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(s, int) for s in shape):
+        raise InvalidEntryError("the metadata's shape is malformed")
+    if meta.get("dtype") is not None and tensors:
+        actual = str(next(iter(tensors.values())).dtype).replace("torch.", "")
+        if meta["dtype"] != actual:
+            raise InvalidEntryError(f"the metadata says dtype {meta['dtype']}, the tensors are {actual}")
+    sigmas = meta.get("sigmas", [])
+    if not isinstance(sigmas, list):
+        raise InvalidEntryError("the metadata's sigmas are malformed")
+    extra = meta.get("extra", {})
+    record = check_record(meta.get("prompt"), ents, vectors.numpy(), meta.get("embedder"), meta.get("fingerprint"),
+                          tensors, sigmas, shape=shape, extra=extra if isinstance(extra, dict) else {})
+    return record, tensors
