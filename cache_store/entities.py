@@ -39,6 +39,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .language import foreign_language
+from .lexicon import (COLOUR_WORDS, CONDITION_HEADS, ING_NOUNS, LEMMA_EXCEPTIONS, LOCATIVE_PREPOSITIONS,
+                      LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS, QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS,
+                      SCENE_PHRASES)
 from .pipelines import resolve_pipeline
 from .naming import encodable_text
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
@@ -59,82 +62,6 @@ _NOT_COMPOUND_POS = frozenset({"VERB", "AUX", "ADP", "PART", "PUNCT", "CCONJ", "
                                "SPACE", "DET", "INTJ"})
 _NOMINAL_DEPS = frozenset({"nsubj", "nsubjpass", "dobj", "pobj", "appos"})
 _HYPHENS = frozenset({"-", "\u2010", "\u2011", "\u2013"})
-QUANTITY_WORDS = frozenset({
-    "few", "several", "many", "numerous", "multiple", "various", "some", "each", "every", "both", "all",
-    "another", "other", "much", "more", "most", "any", "no", "single", "dozen", "dozens", "hundreds",
-    "thousands", "millions", "countless", "lots",
-})
-# Nouns that only count or collect what follows "of": "a group of people" keeps "people", not "group".
-QUANTITY_HEADS = frozenset({
-    "group", "bunch", "pair", "couple", "lot", "number", "handful", "dozen", "set", "series", "variety",
-    "array", "collection", "cluster", "crowd", "herd", "flock", "swarm", "pack", "school", "team", "row",
-    "pile", "stack", "heap", "kind", "type", "sort", "amount", "quantity", "plenty", "majority", "bundle", "troop", "colony", "fleet", "range", "assortment", "multitude", "host",
-})
-LOCATIVE_PREPOSITIONS = frozenset({
-    "in", "on", "at", "along", "through", "across", "over", "under", "near", "by", "inside", "into",
-    "onto", "within", "around", "beneath", "below", "above", "beside", "amid", "amidst", "among", "atop",
-    "throughout", "underneath", "toward", "towards", "outside",
-})
-# Prepositions after which a proper name is a place: "in Paris", "across Tokyo" (not "by Hokusai").
-PLACE_NAME_PREPOSITIONS = frozenset({"in", "at", "across", "through", "around", "near", "over", "inside",
-                                     "outside", "within", "throughout"})
-# Nouns ending in -ing that stay nouns after another noun ("oil painting", "office building").
-ING_NOUNS = frozenset({
-    "painting", "building", "ceiling", "clothing", "wedding", "evening", "morning", "railing", "lightning",
-    "drawing", "carving", "dumpling", "pudding", "frosting", "icing", "awning", "bedding", "stuffing",
-    "sibling", "ending", "opening", "setting", "clearing", "coating", "lining", "topping", "seasoning",
-    "dressing", "filling", "stocking", "herring", "duckling", "gosling", "seedling", "sapling", "earring",
-    "darling", "flooring", "tiling", "housing", "lodging", "dwelling", "gathering", "dining", "seating",
-    "bowling", "offspring", "siding", "paneling", "panelling", "shielding",
-})
-# Plural-only nouns the rule lemmatizer would cut ("clothes" -> "clothe").
-LEMMA_EXCEPTIONS = {
-    "clothes": "clothes", "pants": "pants", "trousers": "trousers", "jeans": "jeans", "shorts": "shorts",
-    "glasses": "glasses", "sunglasses": "sunglasses", "goggles": "goggles", "scissors": "scissors",
-    "binoculars": "binoculars", "species": "species", "series": "series", "news": "news",
-    "headphones": "headphones", "pajamas": "pajamas", "pyjamas": "pyjamas", "tongs": "tongs",
-}
-# Places and settings (the VBench `scene` dimension's categories plus common landscape and room words).
-SCENE_HEADS = frozenset({
-    "alley", "alleyway", "aquarium", "arch", "arena", "airport", "attic", "avenue", "backyard", "bakery",
-    "balcony", "ballroom", "barn", "basement", "bathroom", "bay", "beach", "bedroom", "boulevard",
-    "bridge", "cafe", "café", "cafeteria", "campsite", "campus", "canal", "canyon", "carousel", "carrousel",
-    "castle", "cathedral", "cave", "cavern", "cellar", "cemetery", "church", "city", "cityscape",
-    "classroom", "cliff", "coast", "coastline", "corridor", "countryside", "courtyard", "creek", "crosswalk",
-    "desert", "dock", "downtown", "driveway", "dune", "factory", "farm", "farmland", "field", "forest",
-    "fountain", "galaxy", "garage", "garden", "glacier", "greenhouse", "grove", "gym", "gymnasium", "hall",
-    "hallway", "harbor", "harbour", "highway", "hill", "hillside", "horizon", "hospital", "hotel", "house",
-    "iceberg", "island", "jungle", "junkyard", "kitchen", "laboratory", "lagoon", "lake", "lakeside",
-    "landscape", "lane", "lawn", "library", "lighthouse", "lobby", "mall", "mansion", "marina", "market",
-    "marketplace", "marsh", "meadow", "monastery", "mosque", "mountain", "mountainside", "museum",
-    "neighborhood", "neighbourhood", "nursery", "ocean", "office", "orchard", "palace", "park", "pasture",
-    "patio", "pavement", "pharmacy", "pier", "plain", "plateau", "platform", "playground", "plaza", "pond",
-    "pool", "porch", "prairie", "raceway", "railway", "rainforest", "ranch", "reef", "restaurant", "river",
-    "riverbank", "road", "room", "rooftop", "runway", "savanna", "savannah", "school", "sea", "seashore",
-    "seaside", "shop", "shore", "shoreline", "shower", "sidewalk", "skyline", "sky", "skyscraper", "slope",
-    "space", "square", "stadium", "stage", "staircase", "station", "store", "stream", "street", "studio",
-    "suburb", "subway", "supermarket", "swamp", "temple", "terrace", "theater", "theatre", "town", "track",
-    "trail", "tundra", "tunnel", "university", "valley", "village", "vineyard", "volcano", "warehouse",
-    "waterfall", "waterfront", "wetland", "wilderness", "windmill", "woodland", "woods", "workshop", "yard",
-    "zoo",
-})
-# Multi-word places whose head alone would say "object" (a jail cell, a phone booth, a golf course).
-SCENE_PHRASES = frozenset({
-    "jail cell", "phone booth", "golf course", "food court", "construction site", "industrial area",
-    "parking lot", "ocean floor", "sea floor", "forest floor", "outer space", "train railway",
-})
-# Settings only as the object of a locative preposition ("in the water", "on the grass", "in the snow").
-LOCATIVE_SCENE_HEADS = frozenset({
-    "water", "snow", "grass", "sand", "ice", "mud", "wood", "wild", "nature", "outdoors", "underwater",
-})
-# Times of day, seasons, weather and light: conditions rather than objects or places.
-CONDITION_HEADS = frozenset({
-    "sunset", "sunrise", "dawn", "dusk", "twilight", "night", "nighttime", "daytime", "day", "evening",
-    "morning", "afternoon", "noon", "midnight", "spring", "summer", "autumn", "winter", "season", "weather",
-    "rain", "rainfall", "downpour", "drizzle", "storm", "thunderstorm", "blizzard", "snowfall", "snowstorm",
-    "snow", "fog", "mist", "haze", "wind", "breeze", "sunlight", "sunshine", "moonlight", "daylight",
-    "starlight", "lightning", "hour",
-})
 _SPACES = re.compile(r"\s+")
 _LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
 MAX_WORD_CHARS = 40
@@ -147,7 +74,7 @@ class Entity:
     text: str
     kind: str
     head: str
-    role: str = SECONDARY
+    role: str = MAIN  # the extractor always sets it; a hand-made entity may carry a hit
     core: str = ""  # what the thing is: the head with the nouns compounded onto it ("sea lion"); '' = the head
 
     def __post_init__(self) -> None:
@@ -441,6 +368,8 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: set[int],
     if not text:
         return None
     head = text.rsplit(" ", 1)[-1]  # a hyphenated head ("close-up") is the whole glued word
+    if text in COLOUR_WORDS and not any(c.dep_ == "det" for c in head_tok.children):
+        return None  # "black" and "grey" in "a black and grey cat" are how it looks; "an orange" is a thing
     kind = _kind(text, head, doc, indices, head_tok)
     core = _core(doc, indices, head)
     if head in GENERIC_PEOPLE:
@@ -456,7 +385,8 @@ def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
     words = [head]
     for i in reversed(indices[:-1]):
         tok = doc[i]
-        if tok.pos_ not in ("NOUN", "PROPN") or tok.dep_ not in ("compound", "nmod", "amod"):
+        if (tok.pos_ not in ("NOUN", "PROPN") or tok.dep_ not in ("compound", "nmod", "amod")
+                or tok.lower_ in COLOUR_WORDS):
             break
         words.insert(0, tok.lower_)
     return " ".join(words)

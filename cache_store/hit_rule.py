@@ -41,7 +41,7 @@ class HitRule:
         compounds ("city street" / "street").
         """
         if "object" in (query.kind, stored.kind) and query.head != stored.head:
-            if query.head in stored.text.split()[:-1] or stored.head in query.text.split()[:-1]:
+            if query.head in _modifiers(stored) or stored.head in _modifiers(query):
                 return False
         if query.head == stored.head and query.kind == stored.kind == "object" and query.head not in GENERIC_PEOPLE:
             if (query.core or query.head) != (stored.core or stored.head):
@@ -51,6 +51,11 @@ class HitRule:
     def accepts(self, query: Any, stored: Any, similarity: float) -> bool:
         """`carries` by role and similarity, and `same_thing`."""
         return self.carries(query.role, stored.role, similarity) and self.same_thing(query, stored, similarity)
+
+
+def _modifiers(entity: Any) -> set[str]:
+    """The words of an entity other than its head ("sausage" in "sausage dog", "guitar" in "man playing guitar")."""
+    return {w for w in entity.text.split() if w != entity.head}
 
 
 def matched_role(query_role: str, stored_role: str) -> str:

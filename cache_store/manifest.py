@@ -14,7 +14,7 @@ import numpy as np
 from .errors import FormatVersionError, ManifestDamagedError, ManifestError
 from .types import EntryInfo
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # v2: entities carry head and core, postings the entity's role in the entry
 MANIFEST_NAME = "manifest.sqlite"
 
 _SCHEMA = """
@@ -50,7 +50,9 @@ CREATE TABLE IF NOT EXISTS entities (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     text TEXT NOT NULL UNIQUE,
     kind TEXT NOT NULL,
-    vector BLOB NOT NULL
+    vector BLOB NOT NULL,
+    head TEXT NOT NULL DEFAULT '',
+    core TEXT NOT NULL DEFAULT ''
 );
 -- Postings carry the entry's (model fingerprint, latent shape) group so a lookup ranks compatible entries with
 -- one range scan per matched entity, without joining entries.
@@ -58,6 +60,7 @@ CREATE TABLE IF NOT EXISTS postings (
     group_id INTEGER NOT NULL,
     entity_id INTEGER NOT NULL,
     entry_id INTEGER NOT NULL,
+    role TEXT NOT NULL DEFAULT 'main',
     PRIMARY KEY (group_id, entity_id, entry_id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS postings_entry ON postings(entry_id);
@@ -86,8 +89,16 @@ def advice(exc: sqlite3.Error) -> str:
     return f"the cache manifest is damaged or unreadable ({text}); {REPAIR_HINT}"
 
 
-# Migrations from older on-disk formats: {from_version: callable(conn)}. Version 1 is the first release.
-_MIGRATIONS: dict[int, object] = {}
+def _v1_to_v2(cur: sqlite3.Cursor) -> None:
+    """Entities get head and core (unknown: ''), postings a role; entries of v1 keep matching as before
+    (every entity may carry a hit), so an upgraded cache loses nothing."""
+    cur.execute("ALTER TABLE entities ADD COLUMN head TEXT NOT NULL DEFAULT ''")
+    cur.execute("ALTER TABLE entities ADD COLUMN core TEXT NOT NULL DEFAULT ''")
+    cur.execute("ALTER TABLE postings ADD COLUMN role TEXT NOT NULL DEFAULT 'main'")
+
+
+# Migrations from older on-disk formats: {from_version: callable(cursor)}. Version 1 is the first release.
+_MIGRATIONS: dict[int, object] = {1: _v1_to_v2}
 
 LOG_KEEP = 200_000  # index_log rows kept for other processes to catch up; older readers rebuild instead
 

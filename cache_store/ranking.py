@@ -1,10 +1,12 @@
 """Lookup ranking over the manifest's postings, and the reasons a lookup missed."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
+from .hit_rule import HitRule, matched_role
 from .manifest import Manifest, shape_key
 from .types import EmbeddedEntities, Match
 
@@ -12,8 +14,44 @@ NEIGHBOURS = 16          # stored entities considered per query entity (postings
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
 
 
-def rank(manifest: Manifest, matched: list[tuple[int, int, float]], fingerprint: str, shape: str) -> list[int]:
-    """Compatible entries ordered by matched query entities, then summed similarity, then newest."""
+@dataclass(frozen=True)
+class StoredEntity:
+    """What the manifest knows of a stored entity (head and core are '' for entities of format v1)."""
+
+    text: str
+    kind: str
+    head: str
+    core: str
+
+
+def stored_entities(manifest: Manifest, ids: Sequence[int]) -> dict[int, StoredEntity]:
+    """Manifest rows of these entity ids."""
+    out: dict[int, StoredEntity] = {}
+    ids = sorted(set(ids))
+    for start in range(0, len(ids), 500):
+        part = ids[start:start + 500]
+        marks = ",".join("?" * len(part))
+        for eid, text, kind, head, core in manifest.query(
+                f"SELECT id, text, kind, head, core FROM entities WHERE id IN ({marks})", part):
+            out[eid] = StoredEntity(text, kind, head or text.rsplit(" ", 1)[-1], core)
+    return out
+
+
+def borrowable(manifest: Manifest, entities: EmbeddedEntities, matched: list[tuple[int, int, float]],
+               rule: HitRule) -> list[tuple[int, int, float]]:
+    """The matches that may carry a hit: the request's main subject or scene naming the same kind of thing as
+    the stored entity (whose role in each entry the ranking checks)."""
+    query_ok = [q for q, e in enumerate(entities.entities) if getattr(e, "role", "main") in rule.roles]
+    candidates = [m for m in matched if m[0] in query_ok]
+    stored = stored_entities(manifest, [eid for _, eid, _ in candidates])
+    return [(q, eid, sim) for q, eid, sim in candidates
+            if eid in stored and rule.same_thing(entities.entities[q], stored[eid], sim)]
+
+
+def rank(manifest: Manifest, matched: list[tuple[int, int, float]], fingerprint: str, shape: str,
+         roles: frozenset[str] = frozenset({"main", "scene"})) -> list[int]:
+    """Compatible entries, where the matched entities hold one of `roles`, ordered by matched query entities,
+    then summed similarity, then newest."""
     group = manifest.query("SELECT id FROM groups WHERE fingerprint=? AND shape=?", (fingerprint, shape))
     if not group:
         return []
@@ -22,22 +60,25 @@ def rank(manifest: Manifest, matched: list[tuple[int, int, float]], fingerprint:
     # CROSS JOIN pins the loop order: matched entities -> their postings in this group (one range scan each).
     sql = (f"WITH m(q, eid, sim) AS (VALUES {values}), "
            "best AS (SELECT p.entry_id AS entry_id, m.q AS q, MAX(m.sim) AS sim "
-           "FROM m CROSS JOIN postings p ON p.group_id = ? AND p.entity_id = m.eid GROUP BY p.entry_id, m.q) "
+           f"FROM m CROSS JOIN postings p ON p.group_id = ? AND p.entity_id = m.eid "
+           f"AND p.role IN ({','.join('?' * len(roles))}) GROUP BY p.entry_id, m.q) "
            "SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best GROUP BY entry_id "
            "ORDER BY n DESC, s DESC, entry_id DESC LIMIT ?")
-    rows = manifest.query(sql, params + [group[0][0], CANDIDATES])
+    rows = manifest.query(sql, params + [group[0][0], *sorted(roles), CANDIDATES])
     return [r[0] for r in rows]
 
 def matches_for(manifest: Manifest, entry_id: int, entities: EmbeddedEntities,
                  matched: list[tuple[int, int, float]]) -> list[Match]:
-    held = {r[0]: r[1] for r in manifest.query(
-        "SELECT e.id, e.text FROM postings p JOIN entities e ON e.id = p.entity_id WHERE p.entry_id=?",
+    held = {r[0]: (r[1], r[2]) for r in manifest.query(
+        "SELECT e.id, e.text, p.role FROM postings p JOIN entities e ON e.id = p.entity_id WHERE p.entry_id=?",
         (entry_id,))}
-    best: dict[int, tuple[float, str]] = {}
+    best: dict[int, tuple[float, str, str]] = {}
     for q, eid, sim in matched:
-        if eid in held and sim > best.get(q, (-2.0, ""))[0]:
-            best[q] = (sim, held[eid])
-    return [Match(entities.entities[q].text, text, sim) for q, (sim, text) in sorted(best.items())]
+        if eid in held and sim > best.get(q, (-2.0, "", ""))[0]:
+            best[q] = (sim, *held[eid])
+    return [Match(entities.entities[q].text, text, sim,
+                  matched_role(getattr(entities.entities[q], "role", "main"), role))
+            for q, (sim, text, role) in sorted(best.items())]
 
 def entity_texts(manifest: Manifest, ids: Sequence[int]) -> dict[int, str]:
     if not ids:
@@ -57,6 +98,18 @@ def no_match_reason(manifest: Manifest, entities: EmbeddedEntities, labels: np.n
     text = entity_texts(manifest, [int(labels[best_q, best_col])]).get(int(labels[best_q, best_col]), "?")
     return (f"no cached entity reaches similarity {threshold:.2f} (closest: "
             f"'{entities.entities[best_q].text}'~'{text}' {best:.3f})")
+
+def secondary_reason(manifest: Manifest, entities: EmbeddedEntities, matched: list[tuple[int, int, float]]) -> str:
+    """Why entries that share similar entities are no hit: the best such pair, and what it is to each side."""
+    q, eid, sim = max(matched, key=lambda m: m[2])
+    stored = stored_entities(manifest, [eid]).get(eid)
+    text = stored.text if stored else "?"
+    role = getattr(entities.entities[q], "role", "main")
+    why = (f"'{entities.entities[q].text}' is a secondary element of this prompt" if role not in ("main", "scene")
+           else f"'{text}' is a secondary element of the cached prompts, or names another kind of thing")
+    return (f"entries share only secondary elements or look-alike words ('{entities.entities[q].text}'~'{text}' "
+            f"{sim:.3f}: {why}); a hit needs the main subject or the scene on both sides")
+
 
 def incompatible_reason(manifest: Manifest, matched: list[tuple[int, int, float]], fingerprint: str,
                          shape: Sequence[int]) -> str:

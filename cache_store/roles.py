@@ -56,6 +56,10 @@ def focus_tokens(doc: "Doc") -> set[int]:
         if tok.dep_ == "pobj" and tok.head.lower_ in ("of", "to") and tok.head.head.lower_ in _POSITION_WORDS:
             focus.add(tok.i)
     for tok in sent:
+        # "a busy city street with a red bird travelling left": what acts in a scene described "with" it.
+        if (tok.dep_ == "pobj" and tok.head.lower_ == "with" and tok.head.head.i in focus
+                and any(c.dep_ in ("acl", "relcl") and c.pos_ == "VERB" for c in tok.children)):
+            focus.add(tok.i)
         # "The dense forest, where a green kite is drifting": the subject of a clause about the focus.
         if tok.dep_ in _SUBJECT_DEPS and tok.head.dep_ in ("relcl", "acl") and tok.head.head.i in focus:
             focus.add(tok.i)

@@ -40,20 +40,20 @@ def insert_entry(cur: sqlite3.Cursor, record: EntryRecord, file: str, nbytes: in
     cur.execute("UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key='total_bytes'", (nbytes,))
     entry_id = cur.lastrowid
     seen: set[str] = set()
-    for (text, kind), vector in zip(record.entities, record.vectors):
+    for (text, kind, role, head, core), vector in zip(record.entities, record.vectors):
         if text in seen:
             continue
         seen.add(text)
         row = cur.execute("SELECT id FROM entities WHERE text=?", (text,)).fetchone()
         if row is None:
-            cur.execute("INSERT INTO entities(text, kind, vector) VALUES (?,?,?)",
-                        (text, kind, np.ascontiguousarray(vector, np.float32).tobytes()))
+            cur.execute("INSERT INTO entities(text, kind, vector, head, core) VALUES (?,?,?,?,?)",
+                        (text, kind, np.ascontiguousarray(vector, np.float32).tobytes(), head, core))
             entity_id = cur.lastrowid
             cur.execute("INSERT INTO index_log(entity_id, op) VALUES (?, 'add')", (entity_id,))
         else:
             entity_id = row[0]
-        cur.execute("INSERT OR IGNORE INTO postings(group_id, entity_id, entry_id) VALUES (?,?,?)",
-                    (group_id, entity_id, entry_id))
+        cur.execute("INSERT OR IGNORE INTO postings(group_id, entity_id, entry_id, role) VALUES (?,?,?,?)",
+                    (group_id, entity_id, entry_id, role))
     Manifest.bump(cur, "generation")
     return entry_id
 

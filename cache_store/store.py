@@ -18,10 +18,12 @@ from . import latents as lat
 from . import maintenance, ranking
 from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, POLICIES, StoreConfig
 from .errors import CacheEntryError, CacheError, EmbedderMismatchError, EntryTooLargeError, InvalidEntryError
+from .hit_rule import HitRule
 from .index_sync import IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
 from .manifest import Manifest, shape_key
 from .naming import encodable_text, is_entry_file_name
+from .roles import ROLES
 from .recovery import adopt_unlisted, open_manifest, quarantine, sweep_temporaries
 from .rows import compact_log, delete_entries, insert_entry, recount_bytes, total_bytes, victims
 from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
@@ -135,11 +137,14 @@ class CacheStore:
         tensors = dict(latents)
         if not tensors:
             raise InvalidEntryError("an entry needs at least one latent tensor")
-        record = check_record(encodable_text(prompt or ""), [(e.text, e.kind) for e in entities.entities],
+        rows = [(e.text, e.kind, getattr(e, "role", "main"), getattr(e, "head", ""), getattr(e, "core", ""))
+                for e in entities.entities]
+        record = check_record(encodable_text(prompt or ""), rows,
                               entities.vectors, entities.embedder, fingerprint, tensors, sigmas, shape, meta)
         payload = {"prompt": record.prompt, "fingerprint": record.fingerprint, "shape": list(record.shape),
                    "dtype": record.dtype, "sigmas": list(record.sigmas), "embedder": record.embedder,
-                   "entities": [{"text": t, "kind": k} for t, k in record.entities], "extra": dict(record.extra)}
+                   "entities": [{"text": t, "kind": k, "role": r, "head": h, "core": c}
+                                for t, k, r, h, c in record.entities], "extra": dict(record.extra)}
         data = lat.encode_entry(tensors, record.vectors, payload)
         self._check_fits(len(data))
         name = lat.new_entry_file_name()
@@ -218,11 +223,16 @@ class CacheStore:
             timings["select"] = time.perf_counter() - t1
             return LookupResult(False, ranking.no_match_reason(self.manifest, entities, labels, sims, threshold),
                                 timings=timings)
-        candidates = ranking.rank(self.manifest, matched, fingerprint, shape_key(shape))
+        rule = HitRule(threshold)
+        carried = ranking.borrowable(self.manifest, entities, matched, rule)
+        candidates = ranking.rank(self.manifest, carried, fingerprint, shape_key(shape), rule.roles) if carried else []
         timings["select"] = time.perf_counter() - t1
         if not candidates:
-            return LookupResult(False, ranking.incompatible_reason(self.manifest, matched, fingerprint, shape),
-                                timings=timings)
+            if not ranking.rank(self.manifest, matched, fingerprint, shape_key(shape), frozenset(ROLES)):
+                return LookupResult(False, ranking.incompatible_reason(self.manifest, matched, fingerprint, shape),
+                                    timings=timings)
+            return LookupResult(False, ranking.secondary_reason(self.manifest, entities, matched), timings=timings)
+        matched = carried
         t2 = time.perf_counter()
         damaged: list[tuple[EntryInfo | int, str]] = []
         for entry_id in candidates:

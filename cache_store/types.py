@@ -64,6 +64,7 @@ class Match:
     query: str
     entity: str
     similarity: float
+    role: str = ""  # what the match is to the request: "main subject" or "scene"
 
 
 @dataclass
@@ -81,7 +82,8 @@ class LookupResult:
         """A short human-readable summary for node outputs and logs."""
         if not self.hit or self.entry is None:
             return f"miss: {self.reason}"
-        pairs = ", ".join(f"'{m.query}'~'{m.entity}' {m.similarity:.3f}" for m in self.matches)
+        pairs = ", ".join(f"{m.role + ' ' if m.role else ''}'{m.query}'~'{m.entity}' {m.similarity:.3f}"
+                          for m in self.matches)
         return f"hit: entry {self.entry.id} ({pairs}); donor prompt: {self.entry.prompt!r}"
 
 

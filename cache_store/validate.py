@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import InvalidEntryError
+from .roles import ROLES
 
 UNIT_TOLERANCE = 1e-3
 MAX_TEXT = 100_000       # characters of a prompt
@@ -34,7 +35,7 @@ class EntryRecord:
     """Everything the manifest stores about one entry, validated."""
 
     prompt: str
-    entities: tuple[tuple[str, str], ...]   # (text, kind)
+    entities: tuple[tuple[str, str, str, str, str], ...]   # (text, kind, role, head, core)
     vectors: np.ndarray                     # (n, dim) float32, unit rows
     embedder: str
     fingerprint: str
@@ -72,12 +73,24 @@ def check_vectors(vectors: Any, n: int, dim: int | None = None) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def check_entities(entities: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
-    """1..MAX_ENTITIES (text, kind) pairs of bounded, encodable text."""
+def check_entities(entities: Sequence[Sequence[str]]) -> tuple[tuple[str, str, str, str, str], ...]:
+    """1..MAX_ENTITIES (text, kind[, role, head, core]) rows of bounded, encodable text; a row without a role
+    (an entry written before roles existed) may carry a hit as before ("main")."""
     if not 0 < len(entities) <= MAX_ENTITIES:
         raise InvalidEntryError(f"an entry needs 1-{MAX_ENTITIES} entities, got {len(entities)}")
-    return tuple((check_text(t, "entity text", MAX_ENTITY_TEXT), check_text(k, "entity kind", 64))
-                 for t, k in entities)
+    rows = []
+    for row in entities:
+        if not isinstance(row, (tuple, list)) or not 2 <= len(row) <= 5:
+            raise InvalidEntryError(f"an entity row must be (text, kind, role, head, core), got {row!r}")
+        text, kind, role, head, core = (*row, *[None] * (5 - len(row)))
+        text = check_text(text, "entity text", MAX_ENTITY_TEXT)
+        role = "main" if role is None else role
+        if role not in ROLES:
+            raise InvalidEntryError(f"entity role must be one of {', '.join(ROLES)}, got {role!r}")
+        rows.append((text, check_text(kind, "entity kind", 64), role,
+                     check_text(head or "", "entity head", MAX_ENTITY_TEXT, empty_ok=True),
+                     check_text(core or "", "entity core", MAX_ENTITY_TEXT, empty_ok=True)))
+    return tuple(rows)
 
 
 def check_sigmas(sigmas: Sequence[Any]) -> tuple[float, ...]:
@@ -114,7 +127,7 @@ def check_latents(tensors: Mapping[str, Any], shape: Sequence[int] | None = None
     return dims, dtype
 
 
-def check_record(prompt: str, entities: Sequence[tuple[str, str]], vectors: Any, embedder: str, fingerprint: str,
+def check_record(prompt: str, entities: Sequence[Sequence[str]], vectors: Any, embedder: str, fingerprint: str,
                  tensors: Mapping[str, Any], sigmas: Sequence[Any], shape: Sequence[int] | None = None,
                  extra: Mapping[str, Any] | None = None, dim: int | None = None) -> EntryRecord:
     """Validate a whole entry; raise InvalidEntryError naming the first problem."""
@@ -166,7 +179,8 @@ def record_from_file(data: bytes, vectors_key: str, file_format: str) -> tuple[E
     raw_ents = meta.get("entities")
     if not isinstance(raw_ents, list) or not all(isinstance(e, dict) for e in raw_ents):
         raise InvalidEntryError("the metadata's entity list is malformed")
-    ents = [(e.get("text"), e.get("kind", "object")) for e in raw_ents]
+    ents = [(e.get("text"), e.get("kind", "object"), e.get("role", "main"), e.get("head", ""), e.get("core", ""))
+            for e in raw_ents]
     shape = meta.get("shape")
     if not isinstance(shape, list) or not all(isinstance(s, int) for s in shape):
         raise InvalidEntryError("the metadata's shape is malformed")

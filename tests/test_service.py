@@ -59,11 +59,17 @@ def test_miss_then_hit_on_a_shared_entity(cache):
 
 def test_threshold_comes_from_the_embedder_and_can_be_overridden(cache):
     assert cache.threshold == pytest.approx(cache.embedder.default_threshold)
-    e = cache.embed_prompt("a red vase on a table")
-    cache.write("vase", e, FP, latents(2), SIGMAS)
-    query = cache.embed_prompt("a green vase")
+    e = cache.embed_prompt("a puppy sleeping on a table")
+    cache.write("puppy", e, FP, latents(2), SIGMAS)
+    query = cache.embed_prompt("a dog")
     assert cache.lookup(query, FP, SHAPE, threshold=0.5).hit
-    assert not cache.lookup(query, FP, SHAPE, threshold=0.999).hit
+    assert not cache.lookup(query, FP, SHAPE, threshold=0.95).hit
+
+
+def test_colours_and_looks_do_not_change_what_a_thing_is(cache):
+    cache.write("vase", cache.embed_prompt("a red vase on a table"), FP, latents(2), SIGMAS)
+    hit = cache.lookup(cache.embed_prompt("a green vase"), FP, SHAPE, threshold=0.99)
+    assert hit.hit and hit.matches[0].entity == "red vase" and hit.matches[0].role == "main subject"
 
 
 @pytest.mark.parametrize("prompt", ["", "   ", "!!! ???", "the", "🦄🌈✨"])

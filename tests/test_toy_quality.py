@@ -234,5 +234,5 @@ def test_donor_captions_the_lookup_would_not_find_are_rejected(smoke):
     assert accept("a red ball moving left on a beach", "a green car falling down on a sandy beach")
     assert accept("a red ball moving left on a beach", "a red ball rising upward in a forest")
     assert not accept("a red ball moving left on a beach", "a blue kite hopping in a forest")
-    # at MiniLM's threshold (0.700 against 0.70): drawn again rather than left to rounding
-    assert not accept("a yellow ball rising upward in a hot desert", "the sandy desert, where a blue box is moving")
+    # a desert is a desert whatever its adjectives: entities match on what a thing is
+    assert accept("a yellow ball rising upward in a hot desert", "the sandy desert, where a blue box is moving")

@@ -96,16 +96,16 @@ def make_items(held_out: Sequence[Combo], pool: Sequence[Combo], n: int | None, 
 
 
 def lookup_finds(cache: Any, margin: float = 0.01) -> Callable[[str, str], bool]:
-    """accept(prompt, donor_prompt): some entity pair of the two prompts clears the cache's threshold by `margin`."""
-    # The real lookup then finds the donor; phrasings at the threshold, such as 'hot desert' ~ 'sandy desert' at
-    # 0.700 against MiniLM's 0.70, are drawn again rather than left to float rounding.
+    """accept(prompt, donor_prompt): the cache's hit rule accepts some entity pair of the two prompts with
+    `margin` to spare (pairs at the threshold are drawn again rather than left to float rounding)."""
+    from ..cache_store.hit_rule import HitRule
+
+    rule = HitRule(min(cache.threshold + margin, 1.0))
+
     def accept(prompt: str, donor_prompt: str) -> bool:
-        q, d = cache.embed_prompt(prompt).vectors, cache.embed_prompt(donor_prompt).vectors
-        if not len(q) or not len(d):
-            return False
-        q = q / np.linalg.norm(q, axis=1, keepdims=True)
-        d = d / np.linalg.norm(d, axis=1, keepdims=True)
-        return float((q @ d.T).max()) >= cache.threshold + margin
+        q, d = cache.embed_prompt(prompt), cache.embed_prompt(donor_prompt)
+        return any(rule.accepts(a, b, float(va @ vb))
+                   for a, va in zip(q.entities, q.vectors) for b, vb in zip(d.entities, d.vectors))
     return accept
 
 

@@ -1,0 +1,89 @@
+"""The word lists entity extraction reads: quantities, -ing nouns, plural-only nouns, places, conditions, colours.
+
+Each list is a closed class or a lexicon the parser cannot know (see `entities` for how each is used).
+"""
+from __future__ import annotations
+
+QUANTITY_WORDS = frozenset({
+    "few", "several", "many", "numerous", "multiple", "various", "some", "each", "every", "both", "all",
+    "another", "other", "much", "more", "most", "any", "no", "single", "dozen", "dozens", "hundreds",
+    "thousands", "millions", "countless", "lots",
+})
+# Nouns that only count or collect what follows "of": "a group of people" keeps "people", not "group".
+QUANTITY_HEADS = frozenset({
+    "group", "bunch", "pair", "couple", "lot", "number", "handful", "dozen", "set", "series", "variety",
+    "array", "collection", "cluster", "crowd", "herd", "flock", "swarm", "pack", "school", "team", "row",
+    "pile", "stack", "heap", "kind", "type", "sort", "amount", "quantity", "plenty", "majority", "bundle", "troop", "colony", "fleet", "range", "assortment", "multitude", "host",
+})
+LOCATIVE_PREPOSITIONS = frozenset({
+    "in", "on", "at", "along", "through", "across", "over", "under", "near", "by", "inside", "into",
+    "onto", "within", "around", "beneath", "below", "above", "beside", "amid", "amidst", "among", "atop",
+    "throughout", "underneath", "toward", "towards", "outside",
+})
+# Prepositions after which a proper name is a place: "in Paris", "across Tokyo" (not "by Hokusai").
+PLACE_NAME_PREPOSITIONS = frozenset({"in", "at", "across", "through", "around", "near", "over", "inside",
+                                     "outside", "within", "throughout"})
+# Nouns ending in -ing that stay nouns after another noun ("oil painting", "office building").
+ING_NOUNS = frozenset({
+    "painting", "building", "ceiling", "clothing", "wedding", "evening", "morning", "railing", "lightning",
+    "drawing", "carving", "dumpling", "pudding", "frosting", "icing", "awning", "bedding", "stuffing",
+    "sibling", "ending", "opening", "setting", "clearing", "coating", "lining", "topping", "seasoning",
+    "dressing", "filling", "stocking", "herring", "duckling", "gosling", "seedling", "sapling", "earring",
+    "darling", "flooring", "tiling", "housing", "lodging", "dwelling", "gathering", "dining", "seating",
+    "bowling", "offspring", "siding", "paneling", "panelling", "shielding",
+})
+# Plural-only nouns the rule lemmatizer would cut ("clothes" -> "clothe").
+LEMMA_EXCEPTIONS = {
+    "clothes": "clothes", "pants": "pants", "trousers": "trousers", "jeans": "jeans", "shorts": "shorts",
+    "glasses": "glasses", "sunglasses": "sunglasses", "goggles": "goggles", "scissors": "scissors",
+    "binoculars": "binoculars", "species": "species", "series": "series", "news": "news",
+    "headphones": "headphones", "pajamas": "pajamas", "pyjamas": "pyjamas", "tongs": "tongs",
+}
+# Places and settings (the VBench `scene` dimension's categories plus common landscape and room words).
+SCENE_HEADS = frozenset({
+    "alley", "alleyway", "aquarium", "arch", "arena", "airport", "attic", "avenue", "backyard", "bakery",
+    "balcony", "ballroom", "barn", "basement", "bathroom", "bay", "beach", "bedroom", "boulevard",
+    "bridge", "cafe", "café", "cafeteria", "campsite", "campus", "canal", "canyon", "carousel", "carrousel",
+    "castle", "cathedral", "cave", "cavern", "cellar", "cemetery", "church", "city", "cityscape",
+    "classroom", "cliff", "coast", "coastline", "corridor", "countryside", "courtyard", "creek", "crosswalk",
+    "desert", "dock", "downtown", "driveway", "dune", "factory", "farm", "farmland", "field", "forest",
+    "fountain", "galaxy", "garage", "garden", "glacier", "greenhouse", "grove", "gym", "gymnasium", "hall",
+    "hallway", "harbor", "harbour", "highway", "hill", "hillside", "horizon", "hospital", "hotel", "house",
+    "iceberg", "island", "jungle", "junkyard", "kitchen", "laboratory", "lagoon", "lake", "lakeside",
+    "landscape", "lane", "lawn", "library", "lighthouse", "lobby", "mall", "mansion", "marina", "market",
+    "marketplace", "marsh", "meadow", "monastery", "mosque", "mountain", "mountainside", "museum",
+    "neighborhood", "neighbourhood", "nursery", "ocean", "office", "orchard", "palace", "park", "pasture",
+    "patio", "pavement", "pharmacy", "pier", "plain", "plateau", "platform", "playground", "plaza", "pond",
+    "pool", "porch", "prairie", "raceway", "railway", "rainforest", "ranch", "reef", "restaurant", "river",
+    "riverbank", "road", "room", "rooftop", "runway", "savanna", "savannah", "school", "sea", "seashore",
+    "seaside", "shop", "shore", "shoreline", "shower", "sidewalk", "skyline", "sky", "skyscraper", "slope",
+    "space", "square", "stadium", "stage", "staircase", "station", "store", "stream", "street", "studio",
+    "suburb", "subway", "supermarket", "swamp", "temple", "terrace", "theater", "theatre", "town", "track",
+    "trail", "tundra", "tunnel", "university", "valley", "village", "vineyard", "volcano", "warehouse",
+    "waterfall", "waterfront", "wetland", "wilderness", "windmill", "woodland", "woods", "workshop", "yard",
+    "zoo",
+})
+# Multi-word places whose head alone would say "object" (a jail cell, a phone booth, a golf course).
+SCENE_PHRASES = frozenset({
+    "jail cell", "phone booth", "golf course", "food court", "construction site", "industrial area",
+    "parking lot", "ocean floor", "sea floor", "forest floor", "outer space", "train railway",
+})
+# Settings only as the object of a locative preposition ("in the water", "on the grass", "in the snow").
+LOCATIVE_SCENE_HEADS = frozenset({
+    "water", "snow", "grass", "sand", "ice", "mud", "wood", "wild", "nature", "outdoors", "underwater",
+})
+# Basic colour terms: a closed class the taggers often call nouns ("red" in "a red ball standing"). A colour
+# describes how a thing looks, never what it is, and is never an entity on its own.
+COLOUR_WORDS = frozenset({
+    "red", "orange", "yellow", "green", "blue", "purple", "violet", "pink", "brown", "black", "white", "grey",
+    "gray", "gold", "golden", "silver", "beige", "teal", "turquoise", "cyan", "magenta", "maroon", "navy",
+    "crimson", "scarlet", "ivory", "cream", "tan", "khaki", "olive", "lime", "indigo", "amber", "bronze",
+})
+# Times of day, seasons, weather and light: conditions rather than objects or places.
+CONDITION_HEADS = frozenset({
+    "sunset", "sunrise", "dawn", "dusk", "twilight", "night", "nighttime", "daytime", "day", "evening",
+    "morning", "afternoon", "noon", "midnight", "spring", "summer", "autumn", "winter", "season", "weather",
+    "rain", "rainfall", "downpour", "drizzle", "storm", "thunderstorm", "blizzard", "snowfall", "snowstorm",
+    "snow", "fog", "mist", "haze", "wind", "breeze", "sunlight", "sunshine", "moonlight", "daylight",
+    "starlight", "lightning", "hour",
+})

@@ -1,0 +1,82 @@
+"""The store keeps each entity's role and identity, applies the hit rule, and upgrades v1 caches in place."""
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+
+from comfyui_chai.cache_store.config import StoreConfig
+from comfyui_chai.cache_store.entities import Entity
+from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.types import EmbeddedEntities
+from store_helpers import EMBEDDER, SIGMAS, latents, vector
+
+FP, SHAPE, THR = "model-a", (1, 4, 2, 4, 4), 0.8
+
+
+def embedded(*entities: Entity) -> EmbeddedEntities:
+    return EmbeddedEntities(entities, np.stack([vector(e.core or e.head) for e in entities]), EMBEDDER)
+
+
+def test_a_match_of_secondary_elements_is_a_miss_that_says_why(tmp_path):
+    with CacheStore(tmp_path / "c", StoreConfig(10**9)) as s:
+        s.insert("a man playing guitar on stage", embedded(
+            Entity("man playing guitar", "object", "man", "main", "man playing guitar"),
+            Entity("guitar", "object", "guitar", "secondary"), Entity("stage", "scene", "stage", "scene")),
+            FP, latents(1), SIGMAS)
+        miss = s.lookup(embedded(Entity("guitar", "object", "guitar", "main")), FP, SHAPE, THR)
+        assert not miss.hit and "secondary" in miss.reason and "'guitar'~'guitar'" in miss.reason
+        hit = s.lookup(embedded(Entity("stage", "scene", "stage", "scene")), FP, SHAPE, THR)
+        assert hit.hit and hit.matches[0].role == "scene"
+        own_secondary = s.lookup(embedded(Entity("stage", "scene", "stage", "secondary")), FP, SHAPE, THR)
+        assert not own_secondary.hit
+
+
+def test_a_noun_compounded_on_one_side_names_another_thing(tmp_path):
+    with CacheStore(tmp_path / "c", StoreConfig(10**9)) as s:
+        s.insert("a lion", embedded(Entity("lion", "object", "lion", "main")), FP, latents(1), SIGMAS)
+        s.insert("sizzling sausages", embedded(Entity("sizzling sausage", "object", "sausage", "main")), FP,
+                 latents(2), SIGMAS)
+        sea_lion = Entity("sea lion", "object", "lion", "main", "sea lion")
+        lion, other = vector("lion"), vector("zebra")
+        other = other - (other @ lion) * lion
+        close = 0.8 * lion + 0.6 * other / np.linalg.norm(other)  # similarity 0.8 to "lion"
+        assert not s.lookup(EmbeddedEntities((sea_lion,), close[None], EMBEDDER), FP, SHAPE, 0.5).hit
+        plain = Entity("old lion", "object", "lion", "main")  # an adjective: the same kind of thing
+        assert s.lookup(EmbeddedEntities((plain,), close[None], EMBEDDER), FP, SHAPE, 0.5).hit
+        # "sausage" is the stored entity's head but only a modifier of the request's "sausage dog"
+        dog = Entity("sausage dog", "object", "dog", "main", "sausage dog")
+        assert not s.lookup(EmbeddedEntities((dog,), vector("sausage")[None], EMBEDDER), FP, SHAPE, 0.5).hit
+
+
+def test_roles_survive_a_rebuild_from_the_files(tmp_path):
+    root = tmp_path / "c"
+    with CacheStore(root, StoreConfig(10**9)) as s:
+        s.insert("a dog with a ball", embedded(Entity("dog", "object", "dog", "main"),
+                                               Entity("ball", "object", "ball", "secondary")), FP, latents(1), SIGMAS)
+    (root / "manifest.sqlite").unlink()
+    with CacheStore(root, StoreConfig(10**9)) as s:
+        assert s.stats().entries == 1
+        assert s.lookup(embedded(Entity("dog", "object", "dog", "main")), FP, SHAPE, THR).hit
+        assert not s.lookup(embedded(Entity("ball", "object", "ball", "main")), FP, SHAPE, THR).hit
+
+
+def test_a_v1_cache_is_upgraded_in_place_and_its_entries_keep_matching(tmp_path):
+    root = tmp_path / "c"
+    with CacheStore(root, StoreConfig(10**9)) as s:
+        s.insert("a dog", embedded(Entity("dog", "object", "dog", "secondary")), FP, latents(1), SIGMAS)
+    conn = sqlite3.connect(root / "manifest.sqlite")
+    with conn:  # the v1 layout: no head/core on entities, no role on postings
+        conn.execute("ALTER TABLE entities DROP COLUMN head")
+        conn.execute("ALTER TABLE entities DROP COLUMN core")
+        conn.execute("CREATE TABLE p1 (group_id INTEGER NOT NULL, entity_id INTEGER NOT NULL, entry_id INTEGER "
+                     "NOT NULL, PRIMARY KEY (group_id, entity_id, entry_id)) WITHOUT ROWID")
+        conn.execute("INSERT INTO p1 SELECT group_id, entity_id, entry_id FROM postings")
+        conn.execute("DROP TABLE postings")
+        conn.execute("ALTER TABLE p1 RENAME TO postings")
+        conn.execute("UPDATE meta SET value='1' WHERE key='format_version'")
+    conn.close()
+    with CacheStore(root, StoreConfig(10**9)) as s:
+        assert s.stats().format_version == 2 and s.stats().entries == 1
+        # v1 entries had no roles: each of their entities may carry a hit, as before the upgrade
+        assert s.lookup(embedded(Entity("dog", "object", "dog", "main")), FP, SHAPE, THR).hit
