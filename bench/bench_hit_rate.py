@@ -75,6 +75,7 @@ class Run:
     size_mismatch: int = 0
     seconds: float = 0.0
     matches: list = field(default_factory=list)   # (query prompt, query entity, stored entity, sim, donor prompt)
+    hit_pairs: list = field(default_factory=list)  # (query prompt, donor prompt) of every hit
 
     @property
     def hit_rate(self) -> float:
@@ -147,6 +148,7 @@ class Replayer:
             res = store.lookup(ee, FINGERPRINT, SHAPE, threshold, load=False)
             if res.hit:
                 run.hits += 1
+                run.hit_pairs.append((prompts[i], res.entry.prompt if res.entry else "?"))
                 run.entity_donor += len(res.matches)
                 if keep_matches:
                     donor = res.entry.prompt if res.entry else "?"
@@ -229,6 +231,38 @@ def plot(path: Path, by_thr: dict, by_budget: dict, thresholds: list[float], bud
     plt.close(fig)
 
 
+def print_usefulness(entity: Run, prompt: Run, threshold: float, export: Path | None) -> None:
+    """Useful-hit rate of the replay (hits whose pair is labelled 2) and precision/recall on the labelled pairs."""
+    import json
+
+    from bench.hit_labels import label_index, load_pairs, score_through_store
+
+    labels = label_index()
+    print(f"\nwhat the hits are worth (threshold {threshold:.2f}, budget 10%; labels: bench/data/hit_pairs)")
+    rows = []
+    unlabelled: dict[tuple[str, str], None] = {}
+    for name, run in (("entity (this pack)", entity), ("whole prompt", prompt)):
+        pairs = list(dict.fromkeys(run.hit_pairs))
+        known = [labels[p] for p in pairs if p in labels]
+        unlabelled.update({p: None for p in pairs if p not in labels and name.startswith("entity")})
+        useful = sum(v == 2 for v in known)
+        share = useful / len(known) if known else float("nan")
+        rows.append([name, f"{run.hit_rate:.1%}", f"{len(known)}/{len(pairs)}", f"{share:.1%}",
+                     f"{run.hit_rate * share:.1%}"])
+    print(table(["matcher", "hit rate", "hits labelled", "useful among labelled", "useful-hit rate (est.)"], rows))
+    pairs = load_pairs()
+    for split in ("calib", "heldout"):
+        s = score_through_store([p for p in pairs if p.split == split], threshold)
+        print(f"  labelled pairs, {split} split ({s.pairs}; one donor per cache, through ChaiCache): accepted "
+              f"{s.accepted}, precision main {s.precision_main:.3f}, any {s.precision_any:.3f}, "
+              f"recall {s.recall:.3f}")
+    if export is not None:
+        with open(export, "w", encoding="utf-8") as f:
+            for request, donor in unlabelled:
+                f.write(json.dumps({"request": request, "donor": donor}, ensure_ascii=False) + "\n")
+        print(f"  {len(unlabelled)} unlabelled hit pairs written to {export}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="VBench all_dimension.txt")
@@ -243,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=15, help="sample entity hits to list")
     ap.add_argument("--quick", action="store_true", help="300 prompts, 3 thresholds, 3 budgets")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--export-unlabelled", type=Path, default=None,
+                    help="write the default run's (request, donor) hits without a label to this JSONL file")
     args = ap.parse_args(argv)
 
     import os
@@ -270,18 +306,20 @@ def main(argv: list[str] | None = None) -> None:
     extractor = EntityExtractor()
     ents_default = extractor.extract_many(prompts)
     ents_nostop = EntityExtractor(stop_entities=StopEntities.empty()).extract_many(prompts)
-    phrases = sorted({e.text for es in ents_default + ents_nostop for e in es})
+    phrases = sorted({e.core or e.head for es in ents_default + ents_nostop for e in es})
     log(f"embedding {len(phrases)} distinct entity phrases and {len(set(prompts))} whole prompts "
         f"({embedder.identity})")
     vec_of = dict(zip(phrases, embedder.embed(phrases)))
     prompt_vecs = dict(zip(sorted(set(prompts)), embedder.embed(sorted(set(prompts)))))
 
     def embedded(ents: list) -> EmbeddedEntities:
-        vecs = np.stack([vec_of[e.text] for e in ents]) if ents else np.zeros((0, embedder.dim), np.float32)
+        # the store's own embedding: what each thing is (ChaiCache.embed_entities)
+        vecs = (np.stack([vec_of[e.core or e.head] for e in ents]) if ents
+                else np.zeros((0, embedder.dim), np.float32))
         return EmbeddedEntities(tuple(ents), vecs, embedder.identity)
 
     items = {"entity": [embedded(es) for es in ents_default],
-             "prompt": [EmbeddedEntities((Entity(p, "object", p.rsplit(" ", 1)[-1] or p),), prompt_vecs[p][None, :],
+             "prompt": [EmbeddedEntities((Entity(p, "other", p),), prompt_vecs[p][None, :],
                                          embedder.identity) for p in prompts]}
     items_nostop = [embedded(es) for es in ents_nostop]
 
@@ -382,6 +420,8 @@ def main(argv: list[str] | None = None) -> None:
     take += same[: args.samples - len(take)]
     rows = [[m[1], m[2], f"{m[3]:.3f}", shorten(m[0], 48), shorten(m[4], 48)] for m in take]
     print(table(["query entity", "matched entity", "sim", "query prompt", "donor prompt"], rows, "llrll"))
+
+    print_usefulness(e10, p10, default_thr, args.export_unlabelled)
 
     if not args.no_plot:
         plot(args.out, by_thr, by_budget, thresholds, budgets, default_thr, n)

@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     from comfyui_chai.cache_store.embedders import get_embedder
     from comfyui_chai.cache_store.entities import EntityExtractor
     from comfyui_chai.cache_store.index import VectorIndex
-    from comfyui_chai.cache_store.store import NEIGHBOURS, CacheStore
+    from comfyui_chai.cache_store.ranking import NEIGHBOURS
+    from comfyui_chai.cache_store.store import CacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()

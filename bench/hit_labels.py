@@ -134,3 +134,49 @@ def rule_accepts(pairs: Iterable[Pair]) -> Callable[[float], Callable[[Pair], bo
         return accepts
 
     return at
+
+
+def label_index(data: Path = DATA) -> dict[tuple[str, str], int]:
+    """(request, donor) -> decided label, for every labelled pair (the label set and the replay's own pairs)."""
+    out = {(p.request, p.donor): p.label for p in load_pairs(data)}
+    replay = data / "replay_pairs.jsonl"
+    if replay.is_file():
+        votes: dict[str, list[int]] = {}
+        for pattern in ("replay_labels_a.jsonl", "replay_labels_b.jsonl", "replay_labels_c.jsonl"):
+            for path in data.glob(pattern):
+                for row in _jsonl(path):
+                    votes.setdefault(row["id"], []).append(int(row["label"]))
+        for row in _jsonl(replay):
+            label = majority(votes.get(row["id"], ()))
+            if label is not None:
+                out[(row["request"], row["donor"])] = label
+    return out
+
+
+def score_through_store(pairs: Iterable[Pair], threshold: float | None = None) -> Scores:
+    """Precision and recall of the pack itself: each pair looked up in a fresh ChaiCache holding only its donor."""
+    import shutil
+    import tempfile
+
+    import torch
+
+    from comfyui_chai.cache_store.service import ChaiCache
+
+    pairs = list(pairs)
+    shape = (1, 4, 1, 2, 2)
+    work = Path(tempfile.mkdtemp(prefix="chai-labels-"))
+    try:
+        base = ChaiCache(work / "base", budget_bytes=1 << 30)
+        decided: dict[str, bool] = {}
+        for n, p in enumerate(pairs):
+            cache = ChaiCache(work / f"c{n}", budget_bytes=1 << 30, embedder=base.embedder)
+            cache._extractor = base.extractor  # one spaCy pipeline for all the caches
+            written = cache.write(p.donor, cache.embed_prompt(p.donor), "labels", {"x": torch.zeros(shape)}, [0.5])
+            decided[p.id] = written.stored and cache.lookup(cache.embed_prompt(p.request), "labels", shape,
+                                                            threshold).hit
+            cache.close()
+            shutil.rmtree(work / f"c{n}", ignore_errors=True)
+        base.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return score(pairs, lambda p: decided[p.id])
