@@ -107,7 +107,8 @@ class Replayer:
 
         record = {"prompt": prompt, "fingerprint": FINGERPRINT, "shape": list(SHAPE), "dtype": "float32",
                   "sigmas": [float(s) for s in SIGMAS], "embedder": ee.embedder,
-                  "entities": [{"text": e.text, "kind": e.kind} for e in ee.entities], "extra": {PAD_KEY: ""}}
+                  "entities": [{"text": e.text, "kind": e.kind, "role": e.role, "head": e.head, "core": e.core}
+                               for e in ee.entities], "extra": {PAD_KEY: ""}}
         size = len(lat.encode_entry(self.latents, ee.vectors, record))
         return {PAD_KEY: "x" * max(ENTRY_BYTES - size, 0)}
 
