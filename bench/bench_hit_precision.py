@@ -2,9 +2,10 @@
 
 Every pair is judged in isolation, as with a cache holding only the donor: the rule accepts the pair when a
 request entity matches a donor entity as the rule requires. Rules:
-  any-entity     the rule before roles: any entity pair at similarity >= threshold
-  roles          a match needs the request's main subject or scene and the donor's main subject or scene
-  prompt         the whole-prompt MiniLM similarity >= threshold (the NIRVANA-style baseline)
+  any entity (no roles)    the rule before roles, on today's entities: any entity pair at similarity >= threshold
+  roles, phrase vectors    main subject or scene on both sides, same kind of thing, vectors of the whole phrase
+  pack: roles + identity   the pack's rule: the same, with vectors of what each thing is (Entity.core)
+  prompt                   the whole-prompt MiniLM similarity >= threshold (the NIRVANA-style baseline)
 
     python -m bench.bench_hit_precision                      # default thresholds, both splits
     python -m bench.bench_hit_precision --thresholds 0.6,0.7,0.8 --split calib
@@ -50,11 +51,10 @@ def rules(ents, vec, whole, threshold: float):
         return float(vec[q.core or q.head] @ vec[d.core or d.head])
 
     return {
-        "any-entity": lambda p: any(float(vec[q.text] @ vec[d.text]) >= threshold
+        "any entity (no roles)": lambda p: any(float(vec[q.text] @ vec[d.text]) >= threshold
                                     for q in ents[p.request] for d in ents[p.donor]),
-        "roles": entity_rule(HitRule(threshold), text_sim),
-        "roles-core": entity_rule(HitRule(threshold), core_sim),
-        "roles-max": entity_rule(HitRule(threshold), lambda q, d: max(text_sim(q, d), core_sim(q, d))),
+        "roles, phrase vectors": entity_rule(HitRule(threshold), text_sim),
+        "pack: roles + identity": entity_rule(HitRule(threshold), core_sim),
         "prompt": lambda p: float(whole[p.request] @ whole[p.donor]) >= threshold,
     }
 

@@ -77,11 +77,23 @@ def _validate_file(path: Path, embedder: str | None, dim: int | None) -> tuple[E
     return record, data
 
 
+def scan_latents(latent_dir: Path) -> dict[str, tuple[bool, int]]:
+    """Entry-named things in latents/: name -> (a regular file, not a link, its size); one directory scan."""
+    out: dict[str, tuple[bool, int]] = {}
+    with os.scandir(latent_dir) as it:
+        for entry in it:
+            if is_entry_file_name(entry.name):
+                regular = entry.is_file(follow_symlinks=False)
+                out[entry.name] = (regular, entry.stat(follow_symlinks=False).st_size if regular else -1)
+    return out
+
+
 def unlisted_files(manifest: Manifest, latent_dir: Path) -> list[str]:
     """Entry-named things in latents/ that no manifest row lists, oldest first."""
     listed = {r[0] for r in manifest.query("SELECT file FROM entries")}
-    found = [(p.lstat().st_mtime, p.name) for p in latent_dir.iterdir()
-             if is_entry_file_name(p.name) and p.name not in listed]
+    with os.scandir(latent_dir) as it:
+        found = [(e.stat(follow_symlinks=False).st_mtime, e.name) for e in it
+                 if is_entry_file_name(e.name) and e.name not in listed]
     return [name for _, name in sorted(found)]
 
 

@@ -24,7 +24,7 @@ from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
 from .manifest import Manifest, shape_key
 from .naming import encodable_text, is_entry_file_name
 from .roles import ROLES
-from .recovery import adopt_unlisted, open_manifest, quarantine, sweep_temporaries
+from .recovery import adopt_unlisted, open_manifest, quarantine, scan_latents, sweep_temporaries
 from .rows import compact_log, delete_entries, insert_entry, recount_bytes, total_bytes, victims
 from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
 from .validate import check_latents, check_record
@@ -113,15 +113,12 @@ class CacheStore:
 
     def _missing_files(self) -> list[str]:
         """Warnings for rows whose file is gone or unusable (left for lookups to skip and repair to drop)."""
-        bad = 0
-        for row in self.manifest.query("SELECT file, nbytes FROM entries"):
-            path = self.latent_dir / str(row[0])
-            try:
-                ok = is_entry_file_name(row[0]) and path.is_file() and not path.is_symlink() and \
-                    path.stat().st_size == row[1]
-            except OSError:
-                ok = False
-            bad += not ok
+        try:
+            files = scan_latents(self.latent_dir)
+        except OSError:
+            files = {}
+        bad = sum(files.get(str(name)) != (True, nbytes)
+                  for name, nbytes in self.manifest.query("SELECT file, nbytes FROM entries"))
         return [f"{bad} entr(y/ies) have a missing or damaged latent file: lookups skip them; "
                 "`repair` drops them"] if bad else []
 

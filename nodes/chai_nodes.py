@@ -32,7 +32,7 @@ SCHEDULERS = [*comfy.samplers.KSampler.SCHEDULERS, OPENSORA_SCHEDULER]
 KV_MODES = list(constants.KV_MODES)
 APPLY_TO = list(constants.APPLY_TO)
 # Provisional threshold for the workflow's own text encoder (pooled or mean-pooled features). Unlike MiniLM's
-# 0.70 it is not calibrated: set the lookup's threshold explicitly after checking a few reports.
+# 0.65 it is not calibrated: set the lookup's threshold explicitly after checking a few reports.
 TEXT_ENCODER_THRESHOLD = 0.85
 MAX_STEPS = 1000
 
@@ -140,9 +140,10 @@ class CacheLookup(io.ComfyNode):
                 io.Latent.Input("latent", tooltip="The LATENT the sampler starts from; donors must have its shape."),
                 io.Float.Input(
                     "threshold", default=0.0, min=0.0, max=1.0, step=0.01, round=0.001,
-                    tooltip="Cosine similarity an entity needs to match a cached one. 0 = auto: the embedder's "
-                            "calibrated value (MiniLM 0.70: same thing with another modifier, e.g. 'green vase' / "
-                            "'white vase', scores 0.7-0.9). Raise towards 0.85 for stricter, fewer hits."),
+                    tooltip="Cosine similarity what a thing is (its noun, not its colour or looks) needs to match a "
+                            "cached one; only the main subject or the scene can make a hit. 0 = auto: the "
+                            "embedder's calibrated value (MiniLM 0.65, chosen on labelled request/donor pairs). "
+                            "Raise towards 0.85 for stricter, fewer hits."),
             ],
             outputs=[
                 CHAI_HIT.Output("hit", display_name="hit",
