@@ -25,9 +25,9 @@ SIZE_TOOLTIP = ("Nominal pixel {what} of the video (OpenSora's size, e.g. 426 fo
 
 
 def _model_files() -> list[str]:
-    import folder_paths
+    from .paths import loader_model_files
 
-    return folder_paths.get_filename_list("diffusion_models")
+    return loader_model_files()
 
 
 def _require_opensora(model: Any, node: str) -> None:
@@ -57,8 +57,8 @@ class OpenSoraModelLoader(io.ComfyNode):
                     "model_name", options=_model_files(),
                     tooltip="STDiT3 checkpoint in models/diffusion_models (or a diffusion_models path of "
                             "extra_model_paths.yaml). The pack's own toy-world model, toyworld_stdit3.safetensors "
-                            "(runs on any CPU in seconds), is listed too. Other kinds of model are refused with a "
-                            "message saying what the file looks like."),
+                            "(runs on any CPU in seconds), is listed too, by this loader only. Other kinds of "
+                            "model are refused with a message saying what the file looks like."),
                 io.Combo.Input(
                     "weight_dtype", options=DTYPE_CHOICES, default="default",
                     tooltip="Weight precision. 'default' lets ComfyUI choose (bf16 on GPUs that support it, as "
@@ -85,8 +85,10 @@ class OpenSoraModelLoader(io.ComfyNode):
                                 f"{', '.join(DTYPE_CHOICES)}")
         import folder_paths
 
+        from .paths import loader_model_path
+
         with user_errors(node):
-            path = folder_paths.get_full_path("diffusion_models", model_name)
+            path = loader_model_path(model_name)
             if path is None:
                 raise ChaiNodeError(f"{node}: {model_name!r} is not in the diffusion_models folder "
                                     f"({', '.join(folder_paths.get_folder_paths('diffusion_models'))})")

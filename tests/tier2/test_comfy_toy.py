@@ -102,7 +102,7 @@ def combo_options(spec: tuple) -> list:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_toy_nodes_registered_and_the_shipped_weights_listed_after_the_users_folders(comfy, env):
+def test_toy_nodes_registered_and_the_shipped_weights_listed_by_the_chai_loader_only(comfy, env):
     assert not [line for line in comfy.load_log if "Cannot import" in line and "ComfyUI-CHAI" in line]
     mappings = comfy.nodes.NODE_CLASS_MAPPINGS
     for node_id, display in NODES.items():
@@ -114,14 +114,21 @@ def test_toy_nodes_registered_and_the_shipped_weights_listed_after_the_users_fol
     assert tuple(mappings["CHAI_ToyTextEncode"].RETURN_TYPES) == ("CONDITIONING", "CONDITIONING")
     assert tuple(mappings["CHAI_ToyDecode"].RETURN_TYPES) == ("IMAGE", "FLOAT")
     fp = comfy.folder_paths
-    assert TOY_FILE in fp.get_filename_list("diffusion_models")
-    assert TOY_FILE in combo_options(mappings["CHAI_OpenSoraModelLoader"].INPUT_TYPES()["required"]["model_name"])
-    folders = [Path(p).resolve() for p in fp.get_folder_paths("diffusion_models")]
+    # Core loaders read diffusion_models: the toy weights are not there (UNETLoader would fail on them).
+    assert TOY_FILE not in fp.get_filename_list("diffusion_models")
     toy_dir = env["path"].resolve().parent
-    assert folders.count(toy_dir) == 1
-    models_dir = Path(fp.models_dir).resolve()
-    assert all(folders.index(toy_dir) > i for i, f in enumerate(folders) if f.is_relative_to(models_dir))
-    assert Path(fp.get_full_path("diffusion_models", TOY_FILE)).resolve() == env["path"].resolve()
+    assert toy_dir not in [Path(p).resolve() for p in fp.get_folder_paths("diffusion_models")]
+    assert TOY_FILE not in combo_options(mappings["UNETLoader"].INPUT_TYPES()["required"]["unet_name"])
+    result = comfy.run({"unet": {"class_type": "UNETLoader",
+                                 "inputs": {"unet_name": TOY_FILE, "weight_dtype": "default"}},
+                        "cap": capture("unet", model=["unet", 0])})
+    assert not result.valid and "unet_name" in str(result.node_errors)
+    # The CHAI loader lists them after the user's files and loads them from the pack's folder.
+    options = combo_options(mappings["CHAI_OpenSoraModelLoader"].INPUT_TYPES()["required"]["model_name"])
+    assert options[-1] == TOY_FILE and options.count(TOY_FILE) == 1
+    paths = comfy.pack_module("nodes.paths")
+    assert Path(paths.loader_model_path(TOY_FILE)).resolve() == env["path"].resolve()
+    assert paths.loader_model_path("no-such-file.safetensors") is None
 
 
 def test_loaded_toy_model_samples_with_its_own_shift_video_and_schedule(comfy, env):
