@@ -9,6 +9,7 @@ from comfy_api.latest import io, ui
 
 from .errors import ChaiNodeError, user_errors
 from .paths import cache_root
+from .widgets import combo
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,11 @@ class CacheOpen(io.ComfyNode):
                     tooltip="Disk budget for cached latents in GB; the least useful entries are evicted beyond "
                             "it. An entry is about 1-2 MB at 240p, so 2 GB holds roughly a thousand generations. "
                             "The budget belongs to the cache: running this node sets it for every process."),
-                io.Combo.Input(
+                combo(
                     "policy", options=POLICIES, default="lru",
                     tooltip="Which entries to evict when the budget is full. 'lru' (least recently used, the "
                             "paper's choice) suits most prompt streams; 'lfu' keeps the most often hit entries."),
-                io.Combo.Input(
+                combo(
                     "embedder", options=EMBEDDERS, default="minilm",
                     tooltip="How entity phrases are compared. 'minilm' (all-MiniLM-L6-v2, CPU, a few ms per "
                             "prompt) is the calibrated default. A cache keeps the embedder it was built with."),
@@ -77,7 +78,7 @@ class CacheOpen(io.ComfyNode):
 
     @classmethod
     def execute(cls, name: str, budget_gb: float, policy: str, embedder: str) -> io.NodeOutput:
-        # This ComfyUI does not check V3 combo values against their options, so the node does.
+        # Validation checks widget values (ListedCombo); a value that arrives through a link is checked here.
         if policy not in POLICIES:
             raise ChaiNodeError(f"CHAI Cache: unknown eviction policy {policy!r}; choose one of "
                                 f"{', '.join(POLICIES)}")
@@ -118,7 +119,7 @@ class CacheStats(io.ComfyNode):
             description="Shows what a CHAI cache holds; can also prune it to its budget or clear it.",
             inputs=[
                 CHAI_CACHE.Input("cache", tooltip="The cache to inspect, from a CHAI Cache node."),
-                io.Combo.Input(
+                combo(
                     "action", options=ACTIONS, default=ACTION_SHOW,
                     tooltip="'show' only reports (safe to leave in a workflow). 'prune to budget' evicts until "
                             "the cache fits its budget (after lowering budget_gb). 'clear' deletes every entry: "

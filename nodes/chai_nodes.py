@@ -18,6 +18,7 @@ from comfy_api.latest import io, ui
 from ..chai_attention import constants
 from .cache_nodes import CHAI_CACHE
 from .errors import ChaiNodeError, user_errors
+from .widgets import combo
 
 log = logging.getLogger(__name__)
 
@@ -216,11 +217,11 @@ class Sampler(io.ComfyNode):
                                      "miss."),
                 io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1, round=0.01,
                                tooltip="Classifier-free guidance scale: OpenSora 1.2 uses 7.0, Wan 2.1 5-6."),
-                io.Combo.Input("sampler_name", options=SAMPLERS, default="euler",
+                combo("sampler_name", options=SAMPLERS, default="euler",
                                tooltip="Sampler. 'euler' (OpenSora's own) or 'uni_pc' (Wan's template) work best; "
                                        "two-evaluation samplers (heun, dpm_2) are supported, Cache Attention "
                                        "fires only where the model is evaluated at a cache step's noise level."),
-                io.Combo.Input("scheduler", options=SCHEDULERS, default="simple",
+                combo("scheduler", options=SCHEDULERS, default="simple",
                                tooltip="Noise schedule. 'opensora' is OpenSora 1.2's exact schedule from the "
                                        "latent's nominal size (OpenSora models only; for a fixed-size checkpoint "
                                        "such as the toy-world model, the uniform schedule with the shift stored "
@@ -232,10 +233,10 @@ class Sampler(io.ComfyNode):
                 io.String.Input("cache_steps", default="2,3,4",
                                 tooltip="Steps of the fast schedule, counted from 1, at which Cache Attention "
                                         "runs (the paper: 2,3,4 of 8). Empty = none (a plain fast run)."),
-                io.Combo.Input("kv_mode", options=KV_MODES, default="replace",
+                combo("kv_mode", options=KV_MODES, default="replace",
                                tooltip="'replace' (the paper): block 0 attends to the donor's keys/values only. "
                                        "'concat': to its own and the donor's (keeps more of the new prompt)."),
-                io.Combo.Input("apply_to", options=APPLY_TO, default="cond",
+                combo("apply_to", options=APPLY_TO, default="cond",
                                tooltip="'cond' (default): only the prompt half of CFG attends to the donor; "
                                        "'both': the negative half too."),
                 CHAI_HIT.Input("hit", optional=True,

@@ -13,6 +13,7 @@ from comfy_api.latest import io
 from ..opensora.choices import (ASPECT_CHOICES, DEFAULT_ASPECT, DEFAULT_FRAMES, DEFAULT_RESOLUTION,
                                 FRAME_CHOICES, MAX_FRAMES, MAX_SIDE, RESOLUTION_CHOICES, video_for_choices)
 from .errors import ChaiNodeError, user_errors
+from .widgets import combo
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +54,13 @@ class OpenSoraModelLoader(io.ComfyNode):
                         "4.8 GB) as a native ComfyUI model: KSampler, SamplerCustom, LoRA-style patches and "
                         "memory management apply.",
             inputs=[
-                io.Combo.Input(
+                combo(
                     "model_name", options=_model_files(),
                     tooltip="STDiT3 checkpoint in models/diffusion_models (or a diffusion_models path of "
                             "extra_model_paths.yaml). The pack's own toy-world model, toyworld_stdit3.safetensors "
                             "(runs on any CPU in seconds), is listed too, by this loader only. Other kinds of "
                             "model are refused with a message saying what the file looks like."),
-                io.Combo.Input(
+                combo(
                     "weight_dtype", options=DTYPE_CHOICES, default="default",
                     tooltip="Weight precision. 'default' lets ComfyUI choose (bf16 on GPUs that support it, as "
                             "Open-Sora runs; fp32 on CPU). bf16/fp16 halve memory (2.4 GB instead of 4.8 GB); "
@@ -204,15 +205,15 @@ class OpenSoraEmptyLatent(io.ComfyNode):
                         "does: 9:16 is landscape (240 high x 426 wide at 240p). The nominal size, frame count "
                         "and fps travel in the latent for the scheduler and the VAE decode.",
             inputs=[
-                io.Combo.Input(
+                combo(
                     "resolution", options=RESOLUTION_CHOICES, default=DEFAULT_RESOLUTION,
                     tooltip="Open-Sora resolution preset (240p is the official default and what CHAI was "
                             "measured on; 720p needs a large GPU). 'custom' uses custom_height/custom_width."),
-                io.Combo.Input(
+                combo(
                     "aspect_ratio", options=ASPECT_CHOICES, default=DEFAULT_ASPECT,
                     tooltip="Open-Sora's five aspect ratios, height:width; the label shows the 240p size as "
                             "height x width. 9:16 is the landscape default."),
-                io.Combo.Input(
+                combo(
                     "frames", options=FRAME_CHOICES, default=DEFAULT_FRAMES,
                     tooltip="Open-Sora frame presets (image, 2s=51 ... 16s=408 frames at 24 fps); 'custom' uses "
                             "custom_frames. 51 frames give 15 latent frames."),
