@@ -124,18 +124,18 @@ class CacheStats(io.ComfyNode):
                     tooltip="'show' only reports (safe to leave in a workflow). 'prune to budget' evicts until "
                             "the cache fits its budget (after lowering budget_gb). 'clear' deletes every entry: "
                             "queue it once, then switch back to 'show'."),
+                io.String.Input(
+                    "after", optional=True, force_input=True,
+                    tooltip="Optional: connect CHAI Cache Write's report here so the stats are taken after the "
+                            "write (ComfyUI runs a node only after the nodes it is linked to). With a prompt list "
+                            "the stats run once, after every write."),
             ],
             outputs=[io.String.Output("report", display_name="report",
                                       tooltip="Entry count, bytes against the budget and the most recent entries.")],
             is_output_node=True,
+            # Lists in, one run: after a prompt list's writes the stats are taken once, not once per prompt.
+            is_input_list=True,
         )
-
-    @classmethod
-    def validate_inputs(cls, action: str | None = None) -> bool | str:
-        """Reject an unknown action before anything runs (this ComfyUI does not check V3 combo values)."""
-        if action is not None and action not in ACTIONS:
-            return f"unknown action {action!r}; choose one of {', '.join(ACTIONS)}"
-        return True
 
     @classmethod
     def fingerprint_inputs(cls, **kwargs: Any) -> float:
@@ -146,7 +146,9 @@ class CacheStats(io.ComfyNode):
         return float("nan")
 
     @classmethod
-    def execute(cls, cache: Any, action: str) -> io.NodeOutput:
+    def execute(cls, cache: list, action: list, after: list | None = None) -> io.NodeOutput:
+        # is_input_list: every input arrives as a list; the cache and action are the first (only) ones.
+        cache, action = cache[0], action[0]
         if action not in ACTIONS:
             raise ChaiNodeError(f"CHAI Cache Stats: unknown action {action!r}; choose one of "
                                 f"{', '.join(ACTIONS)}")

@@ -70,8 +70,9 @@ class UIGraph:
         """Add a node; widgets are its widgets_values (control_after_generate values included)."""
         spec = SPECS[kind] if kind in SPECS else {"inputs": [], "outputs": [], "widgets": []}
         node_id = len(self.nodes) + 1
+        widget_names = {w[0] for w in spec["widgets"]}
         sockets = [{"name": n, "type": t, "link": None} for n, t in spec["inputs"]
-                   if t not in WIDGET_TYPES]
+                   if t not in WIDGET_TYPES or (n not in widget_names and t != "COMBO")]
         node = {"id": node_id, "type": kind, "pos": list(pos), "size": list(size), "flags": {},
                 "order": len(self.nodes), "mode": 0, "inputs": sockets,
                 "outputs": [{"name": n, "type": t, "links": []} for n, t in spec["outputs"]],
@@ -137,6 +138,10 @@ def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], n
     g.link(cache, 0, write, "cache")
     g.link(ents, 0, write, "entities")
     g.link(sampler_id, 1, write, "trace")
+    # Stats take the write's report as input, so ComfyUI runs them after the write (and once after a prompt list).
+    stats = g.node("CHAI_CacheStats", (x + 720, 240), ["show"], size=(340, 220))
+    g.link(cache, 0, stats, "cache")
+    g.link(write, 0, stats, "after")
     return sampler_id
 
 

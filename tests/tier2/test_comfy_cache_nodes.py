@@ -184,7 +184,7 @@ def test_unknown_stats_action_is_refused_before_running(comfy):
     result = comfy.run(prompt)
     assert not result.valid
     (error,) = result.node_errors["2"]["errors"]
-    assert "unknown action 'delete'" in error["details"]
+    assert error["type"] == "value_not_in_list" and "'delete' not in" in error["details"]
     assert not (comfy.cache_root / "tier2action").exists()
 
 

@@ -115,7 +115,7 @@ def test_toy_nodes_registered_and_the_shipped_weights_listed_by_the_chai_loader_
     assert tuple(mappings["CHAI_ToyDecode"].RETURN_TYPES) == ("IMAGE", "FLOAT")
     fp = comfy.folder_paths
     # Core loaders read diffusion_models: the toy weights are not there (UNETLoader would fail on them).
-    assert TOY_FILE not in fp.get_filename_list("diffusion_models")
+    assert TOY_FILE not in fp.get_filename_list("diffusion_models"), fp.get_folder_paths("diffusion_models")
     toy_dir = env["path"].resolve().parent
     assert toy_dir not in [Path(p).resolve() for p in fp.get_folder_paths("diffusion_models")]
     assert TOY_FILE not in combo_options(mappings["UNETLoader"].INPUT_TYPES()["required"]["unet_name"])
@@ -241,6 +241,9 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     assert got["fps"] == 24.0 and got["images"].shape == (8, 128, 128, 3)
     assert CAPTURED["wf:write"]["text"].startswith("CHAI cache write: stored entry ")
     assert "\ncache: 1 entries, " in CAPTURED["wf:write"]["text"]
+    # Stats run after the write (its report is their input), so they already count the new entry.
+    (stats,) = first.outputs[ids["CHAI_CacheStats"]]["text"]
+    assert "entries: 1" in stats and repr(MISS_PROMPT) in stats, stats
     miss_video = _saved_video(comfy, first, ids["SaveVideo"])
     # A miss is plain sampling: the reference sampler with the workflow's seed and cfg, 30 steps.
     seed, cfg = (api[ids["CHAI_Sampler"]]["inputs"][k] for k in ("seed", "cfg"))
