@@ -140,7 +140,7 @@ class CacheLookup(io.ComfyNode):
                                                 "donors."),
                 io.Latent.Input("latent", tooltip="The LATENT the sampler starts from; donors must have its shape."),
                 io.Float.Input(
-                    "threshold", default=0.0, min=0.0, max=1.0, step=0.01, round=0.001,
+                    "threshold", display_name="threshold (0 = auto)", default=0.0, min=0.0, max=1.0, step=0.01, round=0.001,
                     tooltip="Cosine similarity what a thing is (its noun, not its colour or looks) needs to match a "
                             "cached one; only the main subject or the scene can make a hit. 0 = auto: the "
                             "embedder's calibrated value (MiniLM 0.65, chosen on labelled request/donor pairs). "
@@ -187,7 +187,9 @@ class CacheLookup(io.ComfyNode):
 def format_lookup(hit: Any) -> str:
     """The lookup node's report."""
     lines = [f"CHAI lookup: {'HIT' if hit.hit else 'miss'}", f"entities: {', '.join(hit.entities) or '(none)'}",
-             hit.report, f"threshold {hit.threshold:.2f}; latent {list(hit.shape)}; model {hit.fingerprint}"]
+             hit.report,
+             f"threshold {hit.threshold:.2f}" + (f" ({hit.threshold_source})" if hit.threshold_source else ""),
+             f"latent {list(hit.shape)}; model {hit.fingerprint}"]
     lines.append("time: " + ", ".join(f"{k} {_ms(v)}" for k, v in hit.timings.items()))
     return "\n".join(lines)
 
