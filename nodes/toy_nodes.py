@@ -134,17 +134,19 @@ class ToyDecode(io.ComfyNode):
                                 tooltip="All frames of all videos, [B * 8, 16 * upscale, 16 * upscale, 3]; "
                                         "connect to CreateVideo."),
                 io.Float.Output("frame_rate", display_name="fps",
-                                tooltip="The toy world's frame rate (24); connect to CreateVideo's fps."),
+                                tooltip="Playback frame rate, 8: a clip of 8 frames lasts one second (the model's "
+                                        "nominal 24 fps would show it for a third of a second); connect to "
+                                        "CreateVideo's fps."),
             ],
         )
 
     @classmethod
     def execute(cls, samples: dict, upscale: int) -> io.NodeOutput:
         with user_errors("CHAI Toy Decode"):
-            from ..toyworld.comfy_adapter import FPS, decode_frames
+            from ..toyworld.comfy_adapter import PLAYBACK_FPS, decode_frames
 
             images = decode_frames(samples["samples"], int(upscale))
-        return io.NodeOutput(images, FPS)
+        return io.NodeOutput(images, PLAYBACK_FPS)
 
 
 NODES = [ToyTextEncode, ToyEmptyLatent, ToyDecode]

@@ -38,8 +38,8 @@ street, desert), objects (ball, car, kite, bird, box), colours (red, blue, green
 2. Change it to a prompt that shares an entity, e.g. *a blue kite drifting left across a sandy beach*, and queue
    again: a **hit** (8 steps, Cache Attention at steps 2, 3, 4 takes the beach from the first video).
 
-The lookup, sampler and write nodes report what happened; the video (128x128, 24 fps) is saved under
-output/video/. Text is encoded by the toy's own word hashing (no CLIP); cfg TOY_CFG_TEXT is what the model was
+The lookup, sampler and write nodes report what happened; the video (128x128, 8 frames played at 8 fps: one
+second) is saved under output/video/, and a looping animated WEBP preview under output/. Text is encoded by the toy's own word hashing (no CLIP); cfg TOY_CFG_TEXT is what the model was
 evaluated at. Scheduler 'opensora' is the model's exact trained schedule (uniform, with the flow shift stored
 in the file); 'simple' gives the same sigmas within 0.001."""
 TOY_NOTE = TOY_NOTE_TEMPLATE.replace("TOY_CFG_TEXT", f"{TOY_CFG:g}")
@@ -199,7 +199,12 @@ def toy_t2v() -> UIGraph:
                          sampler="euler", scheduler="opensora", x=440)
     decode = g.node("CHAI_ToyDecode", (1160, 260), [8], size=(300, 100))
     g.link(sampler, 0, decode, "samples")
-    save_video(g, decode, 400, 24.0, "CHAI_toy", save_size=(400, 460))
+    save_video(g, decode, 400, 8.0, "CHAI_toy", save_size=(400, 460))
+    # An animated WEBP loops forever in the node's preview: the one-second clip can be watched as it plays.
+    webp = g.node("SaveAnimatedWEBP", (1520, 760), ["CHAI_toy_loop", 8.0, True, 80, "default"], size=(400, 460),
+                  title="Looping preview")
+    g.link(decode, 0, webp, "images")
+    g.link(decode, 1, webp, "fps")
     return g
 
 

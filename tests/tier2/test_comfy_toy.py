@@ -185,7 +185,7 @@ def test_toy_text_encode_latent_and_decode(comfy, env):
     assert neg.shape == pos.shape and torch.equal(neg[0], table[:8].float())
     assert tuple(got["latent"]["samples"].shape) == (2, 4, 8, 16, 16) and not got["latent"]["samples"].any()
     images = got["images"]
-    assert images.shape == (16, 128, 128, 3) and got["fps"] == 24.0
+    assert images.shape == (16, 128, 128, 3) and got["fps"] == 8.0  # playback rate: one second per clip
     assert torch.allclose(images, torch.full_like(images, 0.5), atol=1e-6)  # latent 0 is mid-grey
 
 
@@ -225,9 +225,24 @@ def _saved_video(comfy, result, save_id: str) -> Path:
     path = Path(comfy.folder_paths.get_output_directory()) / saved["subfolder"] / saved["filename"]
     assert path.is_file() and path.stat().st_size > 0 and saved["type"] == "output"
     with av.open(str(path)) as container:
+        rate = container.streams.video[0].average_rate
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert len(frames) == 8 and frames[0].shape == (128, 128, 3)
+    assert float(rate) == 8.0  # one second per clip, not a third of one
     return path
+
+
+def _looping_preview(comfy, result, webp_id: str) -> None:
+    """The animated WEBP the workflow saves: 8 frames, 125 ms each, looping forever."""
+    from PIL import Image
+
+    (saved,) = result.outputs[webp_id]["images"]
+    path = Path(comfy.folder_paths.get_output_directory()) / saved["subfolder"] / saved["filename"]
+    with Image.open(path) as im:
+        assert im.n_frames == 8 and im.info["loop"] == 0  # 0: loop forever
+        im.seek(1)
+        im.load()
+        assert im.info["duration"] == 125  # ms per frame: 8 fps
 
 
 def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(comfy, env):
@@ -238,13 +253,14 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     first = run_ok(comfy, api)
     got = CAPTURED["wf"]
     assert not got["hit"].hit and got["trace"].mode == "full" and len(got["trace"].sigmas) == 31
-    assert got["fps"] == 24.0 and got["images"].shape == (8, 128, 128, 3)
+    assert got["fps"] == 8.0 and got["images"].shape == (8, 128, 128, 3)
     assert CAPTURED["wf:write"]["text"].startswith("CHAI cache write: stored entry ")
     assert "\ncache: 1 entries, " in CAPTURED["wf:write"]["text"]
     # Stats run after the write (its report is their input), so they already count the new entry.
     (stats,) = first.outputs[ids["CHAI_CacheStats"]]["text"]
     assert "entries: 1" in stats and repr(MISS_PROMPT) in stats, stats
     miss_video = _saved_video(comfy, first, ids["SaveVideo"])
+    _looping_preview(comfy, first, ids["SaveAnimatedWEBP"])
     # A miss is plain sampling: the reference sampler with the workflow's seed and cfg, 30 steps.
     seed, cfg = (api[ids["CHAI_Sampler"]]["inputs"][k] for k in ("seed", "cfg"))
     frames = got["images"][:, ::8, ::8].numpy()
