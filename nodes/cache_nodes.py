@@ -5,7 +5,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 from .errors import ChaiNodeError, user_errors
 from .paths import cache_root
@@ -163,7 +163,11 @@ class CacheStats(io.ComfyNode):
             entries = store.entries(RECENT_ENTRIES) if stats.entries else []
         report = format_report(Path(stats.root).name, stats.report(), lines, entries, stats.entries)
         log.info("[CHAI] cache %r: %s, %d entries", Path(stats.root).name, action, stats.entries)
-        return io.NodeOutput(report, ui=ui.PreviewText(report))
+        from .canvas import show
+
+        status = " · ".join([*lines, f"{stats.entries} entries", f"{stats.bytes / 1e6:.1f} of "
+                             f"{stats.budget_bytes / 1e6:.0f} MB"])
+        return io.NodeOutput(report, ui=show(status, report))
 
 
 def format_report(name: str, stats_report: str, actions: list[str], entries: list[Any], total: int) -> str:

@@ -13,10 +13,11 @@ import weakref
 from typing import Any
 
 import comfy.samplers
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 from ..chai_attention import constants
 from .cache_nodes import CHAI_CACHE
+from .canvas import show
 from .errors import ChaiNodeError, user_errors
 from .widgets import combo
 
@@ -116,7 +117,7 @@ class EntityExtract(io.ComfyNode):
             embedder = text_encoder_embedder(clip) if clip is not None else None
             result = PromptEntities(prompt or "", entities, embedder)
         listing = result.listing()
-        return io.NodeOutput(result, listing, ui=ui.PreviewText(f"entities: {listing}"))
+        return io.NodeOutput(result, listing, ui=show(f"entities: {listing}"))
 
 
 class CacheLookup(io.ComfyNode):
@@ -179,9 +180,11 @@ class CacheLookup(io.ComfyNode):
             note_lookup(f"CHAI_CacheLookup:{executing_node_id()}", cache)
             hit = lookup_hit(cache, entities, comfy_model_fingerprint(model), latent_shape(model, latent),
                              threshold)
+        from ..chai_attention.status import lookup_status
+
         report = format_lookup(hit)
         log.info("[CHAI] lookup: %s", hit.report)
-        return io.NodeOutput(hit, report, ui=ui.PreviewText(report))
+        return io.NodeOutput(hit, report, ui=show(lookup_status(hit), report))
 
 
 def format_lookup(hit: Any) -> str:
@@ -191,6 +194,11 @@ def format_lookup(hit: Any) -> str:
              f"threshold {hit.threshold:.2f}" + (f" ({hit.threshold_source})" if hit.threshold_source else ""),
              f"latent {list(hit.shape)}; model {hit.fingerprint}"]
     lines.append("time: " + ", ".join(f"{k} {_ms(v)}" for k, v in hit.timings.items()))
+    from ..chai_attention.status import same_prompt_note
+
+    note = same_prompt_note(hit)
+    if note:
+        lines.append(note)
     return "\n".join(lines)
 
 
@@ -288,8 +296,10 @@ class Sampler(io.ComfyNode):
             out, trace = chai_sample(model, positive, negative, latent, seed=seed, cfg=cfg,
                                      sampler_name=sampler_name, scheduler=scheduler, config=config,
                                      schedule=schedule, hit=hit)
+        from ..chai_attention.status import sampler_status
+
         report = (f"{trace.report.text()}\nsampler {sampler_name}, scheduler {scheduler}, cfg {cfg:g}, seed {seed}")
-        return io.NodeOutput(out, trace, report, ui=ui.PreviewText(report))
+        return io.NodeOutput(out, trace, report, ui=show(sampler_status(trace.report), report))
 
 
 def opensora_schedule(model: Any, latent: dict, node: str) -> Any:
@@ -337,8 +347,9 @@ class CacheWrite(io.ComfyNode):
             from ..cache_store.errors import EmbedderMismatchError, EntryTooLargeError
             from ..chai_attention.cache_io import write_trace
 
+            stored = False
             try:
-                _, line = write_trace(cache, entities, trace)
+                stored, line = write_trace(cache, entities, trace)
             except (EmbedderMismatchError, EntryTooLargeError) as exc:
                 # The video is fine; only this cache cannot take the entry. Say so instead of failing the run.
                 line = f"not stored: {exc}"
@@ -347,7 +358,9 @@ class CacheWrite(io.ComfyNode):
         report = (f"CHAI cache write: {line}\ncache: {stats.entries} entries, {stats.bytes / 1e6:.2f} of "
                   f"{stats.budget_bytes / 1e6:.0f} MB")
         log.info("[CHAI] write: %s", line)
-        return io.NodeOutput(report, ui=ui.PreviewText(report))
+        from ..chai_attention.status import write_status
+
+        return io.NodeOutput(report, ui=show(write_status(stored, line, stats.entries), report))
 
 
 class PromptList(io.ComfyNode):

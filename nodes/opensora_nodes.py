@@ -12,6 +12,7 @@ from comfy_api.latest import io
 
 from ..opensora.choices import (ASPECT_CHOICES, DEFAULT_ASPECT, DEFAULT_FRAMES, DEFAULT_RESOLUTION,
                                 FRAME_CHOICES, MAX_FRAMES, MAX_SIDE, RESOLUTION_CHOICES, video_for_choices)
+from .canvas import show
 from .errors import ChaiNodeError, user_errors
 from .widgets import combo
 
@@ -175,8 +176,11 @@ class OpenSoraTextEncode(io.ComfyNode):
                 raise ChaiNodeError(f"{node}: the CLIP is not a lone T5-XXL (its tokenizers: {sorted(tokens)}); "
                                     "load t5xxl with 'Load CLIP' type 'pixart'.")
             tokens, kept, total = truncate_t5_tokens(tokens)
+            status = f"{total} T5 tokens"
             if kept < total:
                 log.info("[CHAI] OpenSora caption cut from %d to %d T5 tokens", total, kept)
+                status = (f"prompt cut: {kept} of {total} T5 tokens kept (OpenSora reads {MAX_T5_TOKENS}); the end "
+                          "of the prompt is ignored")
             conditioning = clip.encode_from_tokens_scheduled(tokens)
             channels = model.get_model_object("diffusion_model").config.caption_channels
             positive, negative = [], []
@@ -189,7 +193,7 @@ class OpenSoraTextEncode(io.ComfyNode):
                 extra = {k: v for k, v in extra.items() if k != "attention_mask"}
                 positive.append([cond, extra])
                 negative.append([null_caption(model, cond.shape[1]), {"pooled_output": None}])
-        return io.NodeOutput(positive, negative, caption)
+        return io.NodeOutput(positive, negative, caption, ui=show(status))
 
 
 class OpenSoraEmptyLatent(io.ComfyNode):

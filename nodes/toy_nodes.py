@@ -12,6 +12,7 @@ from typing import Any
 from comfy_api.latest import io
 
 from ..toyworld.comfy_adapter import DEFAULT_UPSCALE, MAX_BATCH, MAX_UPSCALE
+from .canvas import show
 from .errors import ChaiNodeError, user_errors
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,16 @@ class ToyTextEncode(io.ComfyNode):
 
             _require_toy_text(model, node, TEXT_DIM)
             caption = prompt_conditioning(prompt)
+            status = f"{caption.used_words} words encoded"
             if caption.used_words < caption.total_words:
                 log.warning("[CHAI] toy text encode: only the first %d of %d words are used", caption.used_words,
                             caption.total_words)
+                status = (f"prompt cut: only the first {caption.used_words} of {caption.total_words} words are "
+                          "read (the toy encoder's limit); the rest is ignored")
             length = caption.features.shape[1]
             positive = [[caption.features, {"pooled_output": None}]]
             negative = [[null_caption(model, length), {"pooled_output": None}]]
-        return io.NodeOutput(positive, negative)
+        return io.NodeOutput(positive, negative, ui=show(status))
 
 
 class ToyEmptyLatent(io.ComfyNode):

@@ -278,3 +278,91 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     assert hit_video != miss_video
     found = detect.detect(got["images"][:, ::8, ::8].numpy())
     assert (found.scene, found.colour, found.motion) == ("beach", "blue", "left"), found
+
+
+class _StatusRecorder:
+    """Stands in for PromptServer.instance: records the progress texts (node statuses) sent to the canvas."""
+
+    def __init__(self) -> None:
+        self.texts: list[tuple[str, str]] = []
+
+    def send_progress_text(self, text: str, node_id: str, sid: Any = None) -> None:
+        self.texts.append((str(node_id), text))
+
+    def of(self, node_id: str) -> list[str]:
+        return [text for nid, text in self.texts if nid == node_id]
+
+
+@pytest.fixture
+def statuses(comfy):
+    import server
+
+    had = hasattr(server.PromptServer, "instance")
+    old = getattr(server.PromptServer, "instance", None)
+    recorder = _StatusRecorder()
+    server.PromptServer.instance = recorder
+    yield recorder
+    if had:
+        server.PromptServer.instance = old
+    else:
+        del server.PromptServer.instance
+
+
+def _ui_text(result, node_id: str) -> str:
+    (text,) = result.outputs[node_id]["text"]
+    return text
+
+
+def test_each_chai_node_shows_a_status_line_and_its_report_after_a_run(comfy, env, statuses):
+    cache = f"toyworld-status-{uuid.uuid4().hex[:8]}"
+    api, ids = _workflow(cache, MISS_PROMPT)
+    first = run_ok(comfy, api)
+    lookup, sampler, write, stats = (ids[k] for k in ("CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
+                                                      "CHAI_CacheStats"))
+    assert statuses.of(lookup) == ["MISS · the cache is empty"], statuses.texts
+    (status,) = statuses.of(sampler)
+    assert status.startswith("MISS · 30 steps · ") and status.endswith(" s"), status
+    assert statuses.of(write) == ["stored · 1 entries"]
+    assert statuses.of(stats)[0].startswith("1 entries · ")
+    (status,) = statuses.of(ids["CHAI_EntityExtract"])
+    assert status.startswith("entities: ") and "beach" in status, status
+    # The text UI output (history, and the pack's web extension on the node): the status, then the report.
+    for node_id in (lookup, sampler, write, stats):
+        assert _ui_text(first, node_id).split("\n")[0] == statuses.of(node_id)[0]
+    assert "CHAI lookup: miss" in _ui_text(first, lookup)
+
+    statuses.texts.clear()
+    api, _ = _workflow(cache, HIT_PROMPT)
+    run_ok(comfy, api)
+    (status,) = statuses.of(lookup)
+    assert status.startswith("HIT ") and "beach" in status and "donor #" in status, status
+    (status,) = statuses.of(sampler)
+    assert status.startswith("HIT ") and " · 8 steps · " in status, status
+    assert statuses.of(write) == ["nothing stored (fast run) · 1 entries"]
+
+
+def test_a_cut_prompt_is_reported_on_the_toy_text_encoder(comfy, env, statuses):
+    long_prompt = " ".join(["a red ball bouncing across a sunny beach"] * 5)  # 40 words
+    graph = toy_graph(long_prompt)
+    graph["cap"] = capture("cut", positive=["text", 0])
+    result = run_ok(comfy, graph)
+    (status,) = statuses.of("text")
+    assert status.startswith("prompt cut: only the first 20 of 40 words are read"), status
+    assert _ui_text(result, "text") == status
+    run_ok(comfy, toy_graph(MISS_PROMPT) | {"cap": capture("short", positive=["text", 0])})
+    assert statuses.of("text")[-1] == "8 words encoded"
+
+
+def test_the_same_prompt_queued_again_hits_its_own_entry_and_then_comes_from_comfys_cache(comfy, env, statuses):
+    cache = f"toyworld-same-{uuid.uuid4().hex[:8]}"
+    api, ids = _workflow(cache, MISS_PROMPT)
+    run_ok(comfy, api)
+    second = run_ok(comfy, api)
+    lookup, sampler = ids["CHAI_CacheLookup"], ids["CHAI_Sampler"]
+    assert CAPTURED["wf"]["hit"].hit and CAPTURED["wf"]["trace"].mode == "fast"
+    assert "same prompt as its donor" in statuses.of(lookup)[-1]
+    assert "note: this prompt is already in the cache" in _ui_text(second, lookup)
+    # Nothing changed (the API twin's seed is fixed): ComfyUI serves the sampler from its output cache.
+    third = run_ok(comfy, api)
+    (cached,) = third.events("execution_cached")
+    assert sampler in cached["nodes"], cached
