@@ -192,3 +192,11 @@ def test_budget_below_the_minimum_is_refused(comfy):
     result = comfy.run(stats_prompt("tier2budget", budget_gb=0.001))
     assert not result.valid
     assert result.node_errors["1"]["errors"][0]["type"] == "value_smaller_than_min"
+
+
+def test_the_pack_serves_its_web_extension_that_shows_reports_on_the_nodes(comfy):
+    # ComfyUI serves WEB_DIRECTORY at /extensions/<pack>/; the frontend loads every .js file in it.
+    web = [Path(d) for name, d in comfy.nodes.EXTENSION_WEB_DIRS.items() if "ComfyUI-CHAI" in name]
+    assert len(web) == 1 and web[0].resolve() == (Path(__file__).resolve().parents[2] / "web").resolve()
+    script = (web[0] / "js" / "chai_reports.js").read_text()
+    assert 'registerExtension' in script and '"execution_cached"' in script and 'startsWith("CHAI_")' in script
