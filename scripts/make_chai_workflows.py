@@ -57,6 +57,36 @@ WARMUP_PROMPTS = "\n".join([
 ])
 
 
+# Model files the OpenSora and Wan workflows load: official file names (what the loaders' widgets select), the
+# models/ folder each goes in, and a public download URL. The frontend reads them from each loader node's
+# properties.models and offers the download when a file is missing.
+HF = "https://huggingface.co"
+WAN_REPACK = f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files"
+MODEL_FILES = {
+    "opensora_stdit3": {"name": "OpenSora-STDiT-v3.safetensors", "directory": "diffusion_models",
+                        "url": f"{HF}/hpcai-tech/OpenSora-STDiT-v3/resolve/main/model.safetensors"},
+    "t5xxl": {"name": "t5xxl_fp16.safetensors", "directory": "text_encoders",
+              "url": f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/t5xxl_fp16.safetensors"},
+    "opensora_vae": {"name": "OpenSora-VAE-v1.2.safetensors", "directory": "vae",
+                     "url": f"{HF}/hpcai-tech/OpenSora-VAE-v1.2/resolve/main/model.safetensors"},
+    "wan21_t2v_1_3b": {"name": "wan2.1_t2v_1.3B_fp16.safetensors", "directory": "diffusion_models",
+                       "url": f"{WAN_REPACK}/diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors"},
+    "umt5_xxl": {"name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "directory": "text_encoders",
+                 "url": f"{WAN_REPACK}/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors"},
+    "wan21_vae": {"name": "wan_2.1_vae.safetensors", "directory": "vae",
+                  "url": f"{WAN_REPACK}/vae/wan_2.1_vae.safetensors"},
+}
+
+
+def files_note(*keys: str) -> str:
+    """Markdown list of where each model file goes, with its download link."""
+    lines = ["**Model files** (the frontend offers to download a missing one; or fetch it yourself):", ""]
+    for key in keys:
+        f = MODEL_FILES[key]
+        lines.append(f"- `{f['name']}` in `models/{f['directory']}/`: [{f['url'].split('/resolve/')[0]}]({f['url']})")
+    return "\n".join(lines)
+
+
 class UIGraph:
     """Builds a UI-format (frontend "workflow", version 0.4) graph from node types, widget values and links."""
 
@@ -66,7 +96,7 @@ class UIGraph:
         self.links: list[list[Any]] = []
 
     def node(self, kind: str, pos: tuple[int, int], widgets: list[Any], *, title: str | None = None,
-             size: tuple[int, int] = (320, 130)) -> int:
+             size: tuple[int, int] = (320, 130), models: tuple[str, ...] = ()) -> int:
         """Add a node; widgets are its widgets_values (control_after_generate values included)."""
         spec = SPECS[kind] if kind in SPECS else {"inputs": [], "outputs": [], "widgets": []}
         node_id = len(self.nodes) + 1
@@ -77,6 +107,8 @@ class UIGraph:
                 "order": len(self.nodes), "mode": 0, "inputs": sockets,
                 "outputs": [{"name": n, "type": t, "links": []} for n, t in spec["outputs"]],
                 "properties": {"Node name for S&R": kind}, "widgets_values": widgets}
+        if models:
+            node["properties"]["models"] = [dict(MODEL_FILES[key]) for key in models]
         if title:
             node["title"] = title
         self.nodes.append(node)
@@ -162,12 +194,12 @@ def opensora_t2v() -> UIGraph:
     g.note((-420, 40), "## CHAI on OpenSora 1.2\n\nQueue prompts as usual. The first prompts **miss**: they run 30 "
                        "steps and fill the cache. Later prompts that share an entity (an object or a scene) **hit** "
                        "and run 8 steps with Cache Attention, about 3.5x faster. The lookup, sampler and write "
-                       "nodes report what happened.\n\nFiles: the STDiT3 checkpoint (hpcai-tech/OpenSora-STDiT-v3) "
-                       "in models/diffusion_models, T5-XXL (t5xxl_fp16) in models/text_encoders, the OpenSora VAE "
-                       "v1.2 in models/vae.")
+                       "nodes report what happened.\n\n" + files_note("opensora_stdit3", "t5xxl", "opensora_vae"),
+           size=(420, 420))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [OPENSORA_PROMPT], title="Prompt", size=(380, 160))
-    model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["OpenSora-STDiT-v3.safetensors", "default"])
-    clip = g.node("CLIPLoader", (0, 400), ["t5xxl_fp16.safetensors", "pixart", "default"])
+    model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["OpenSora-STDiT-v3.safetensors", "default"],
+                   models=("opensora_stdit3",))
+    clip = g.node("CLIPLoader", (0, 400), ["t5xxl_fp16.safetensors", "pixart", "default"], models=("t5xxl",))
     text = g.node("CHAI_OpenSoraTextEncode", (0, 560), ["", True, 6.5, True], size=(380, 220))
     g.link(clip, 0, text, "clip")
     g.link(model, 0, text, "model")
@@ -177,7 +209,8 @@ def opensora_t2v() -> UIGraph:
                     size=(380, 260))
     sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="opensora", cfg=7.0,
                          sampler="euler", scheduler="opensora", x=440)
-    vae = g.node("CHAI_OpenSoraVAELoader", (1160, 260), ["OpenSora-VAE-v1.2.safetensors", "auto"])
+    vae = g.node("CHAI_OpenSoraVAELoader", (1160, 260), ["OpenSora-VAE-v1.2.safetensors", "auto"],
+                 models=("opensora_vae",))
     decode = g.node("CHAI_OpenSoraVAEDecode", (1160, 420), [0, 24.0, 0, 64], size=(320, 200))
     g.link(sampler, 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
@@ -213,14 +246,15 @@ def wan21_t2v() -> UIGraph:
     g = UIGraph("chai_wan21_t2v")
     g.note((-420, 40), "## CHAI on Wan 2.1 T2V 1.3B\n\nComfyUI's native Wan nodes plus CHAI: misses run 30 steps "
                        "and fill the cache, hits on a shared entity run 8 steps with Cache Attention in block 0's "
-                       "self-attention.\n\nFiles (as for ComfyUI's Wan 2.1 template): "
-                       "wan2.1_t2v_1.3B_fp16 in models/diffusion_models, umt5_xxl_fp8_e4m3fn_scaled in "
-                       "models/text_encoders, wan_2.1_vae in models/vae.")
+                       "self-attention.\n\n" + files_note("wan21_t2v_1_3b", "umt5_xxl", "wan21_vae"),
+           size=(420, 420))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
-    unet = g.node("UNETLoader", (0, 240), ["wan2.1_t2v_1.3B_fp16.safetensors", "default"])
+    unet = g.node("UNETLoader", (0, 240), ["wan2.1_t2v_1.3B_fp16.safetensors", "default"],
+                  models=("wan21_t2v_1_3b",))
     model = g.node("ModelSamplingSD3", (0, 400), [8.0], size=(300, 80))
     g.link(unet, 0, model, "model")
-    clip = g.node("CLIPLoader", (0, 520), ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"])
+    clip = g.node("CLIPLoader", (0, 520), ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"],
+                  models=("umt5_xxl",))
     positive = g.node("CLIPTextEncode", (0, 680), [""], title="Positive", size=(380, 120))
     g.link(clip, 0, positive, "clip")
     g.link(prompt, 0, positive, "text")
@@ -229,7 +263,7 @@ def wan21_t2v() -> UIGraph:
     latent = g.node("EmptyHunyuanLatentVideo", (0, 1040), [832, 480, 33, 1], size=(320, 160))
     sampler = chai_nodes(g, model, latent, (positive, 0), (negative, 0), prompt, cache_name="wan21", cfg=6.0,
                          sampler="uni_pc", scheduler="simple", x=440)
-    vae = g.node("VAELoader", (1160, 260), ["wan_2.1_vae.safetensors"], size=(320, 80))
+    vae = g.node("VAELoader", (1160, 260), ["wan_2.1_vae.safetensors"], size=(320, 80), models=("wan21_vae",))
     decode = g.node("VAEDecode", (1160, 380), [], size=(220, 60))
     g.link(sampler, 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
@@ -242,10 +276,12 @@ def opensora_warmup() -> UIGraph:
     g = UIGraph("chai_opensora_warmup")
     g.note((-420, 40), "## Warm up a CHAI cache\n\nEvery line of the prompt list runs once through the full "
                        "schedule and is stored, so that later requests sharing its entities hit. Nothing is "
-                       "decoded. Use the same model, size and cache name as the workflow you will run.")
+                       "decoded. Use the same model, size and cache name as the workflow you will run.\n\n"
+           + files_note("opensora_stdit3", "t5xxl"), size=(420, 380))
     prompts = g.node("CHAI_PromptList", (0, 40), [WARMUP_PROMPTS], size=(420, 260))
-    model = g.node("CHAI_OpenSoraModelLoader", (0, 340), ["OpenSora-STDiT-v3.safetensors", "default"])
-    clip = g.node("CLIPLoader", (0, 500), ["t5xxl_fp16.safetensors", "pixart", "default"])
+    model = g.node("CHAI_OpenSoraModelLoader", (0, 340), ["OpenSora-STDiT-v3.safetensors", "default"],
+                   models=("opensora_stdit3",))
+    clip = g.node("CLIPLoader", (0, 500), ["t5xxl_fp16.safetensors", "pixart", "default"], models=("t5xxl",))
     text = g.node("CHAI_OpenSoraTextEncode", (0, 660), ["", True, 6.5, True], size=(380, 220))
     g.link(clip, 0, text, "clip")
     g.link(model, 0, text, "model")

@@ -209,3 +209,27 @@ def test_workflow_files_are_what_the_generator_writes():
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_chai_workflows.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+LOADERS = {"CHAI_OpenSoraModelLoader": "diffusion_models", "UNETLoader": "diffusion_models",
+           "CLIPLoader": "text_encoders", "CHAI_OpenSoraVAELoader": "vae", "VAELoader": "vae"}
+
+
+@pytest.mark.parametrize("name", ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup"])
+def test_every_model_loader_carries_its_file_folder_and_download_link_and_the_note_says_where_it_goes(name):
+    ui, _ = load(name)
+    note = next(n for n in ui["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
+    loaders = [n for n in ui["nodes"] if n["type"] in LOADERS]
+    assert loaders
+    for node in loaders:
+        (model,) = node["properties"]["models"]
+        # The frontend matches the entry to the widget by file name and downloads into models/<directory>.
+        assert model["name"] == node["widgets_values"][0], node["type"]
+        assert model["directory"] == LOADERS[node["type"]]
+        assert model["url"].startswith("https://huggingface.co/") and model["url"].endswith(".safetensors")
+        assert f"`{model['name']}` in `models/{model['directory']}/`" in note and model["url"] in note
+
+
+def test_the_toy_workflow_needs_no_download():
+    ui, _ = load("chai_toy_t2v")
+    assert not [n for n in ui["nodes"] if n.get("properties", {}).get("models")]
