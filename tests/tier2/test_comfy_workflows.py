@@ -87,3 +87,22 @@ def test_converter_handles_a_workflow_saved_by_the_real_frontend(comfy):
     problems = [(e["type"], e.get("extra_info", {}).get("input_name"))
                 for info in node_errors.values() for e in info["errors"]]
     assert problems and all(kind == "value_not_in_list" and field in FILE_INPUTS for kind, field in problems), problems
+
+
+def test_template_browser_finds_a_thumbnail_per_workflow_and_the_category_title(comfy):
+    """The frontend asks /api/workflow_templates/<pack>/<name>.jpg; ComfyUI serves the pack's workflows/ there,
+    and its /i18n handler carries the pack's category title."""
+    from aiohttp import web
+
+    from app.custom_node_manager import CustomNodeManager
+
+    app = web.Application()
+    routes = web.RouteTableDef()
+    CustomNodeManager().add_routes(routes, app, [("ComfyUI-CHAI", str(REPO))])
+    statics = {r.canonical: Path(r.get_info()["directory"]) for r in app.router.resources()
+               if isinstance(r, web.StaticResource)}
+    folder = statics["/api/workflow_templates/ComfyUI-CHAI"]
+    for name in NAMES:
+        assert (folder / f"{name}.jpg").is_file() and (folder / f"{name}.json").is_file(), name
+    titles = CustomNodeManager().build_translations()["en"]["templateWorkflows"]["category"]
+    assert titles["ComfyUI-CHAI"] == "CHAI Cache Attention"
