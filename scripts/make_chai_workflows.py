@@ -296,6 +296,15 @@ def opensora_warmup() -> UIGraph:
 
 WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
              "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v}
+# The UI files' names. ComfyUI's template browser titles a custom node pack's template with its file name and
+# describes it with the same name ('-' and '_' shown as spaces), so the names are written to be read (no '-' or
+# '_'). The API twins and the tests keep the short keys; tests/workflows/template_files.json maps one to the other.
+TEMPLATE_FILES = {
+    "chai_toy_t2v": "CHAI toy world, text to video on any CPU (no download)",
+    "chai_opensora_t2v": "CHAI OpenSora 1.2, text to video with Cache Attention",
+    "chai_wan21_t2v": "CHAI Wan 2.1 T2V 1.3B, text to video with Cache Attention",
+    "chai_opensora_warmup": "CHAI OpenSora 1.2, warm up a cache from a prompt list",
+}
 
 
 def render() -> dict[Path, str]:
@@ -304,8 +313,9 @@ def render() -> dict[Path, str]:
     files = {}
     for name, build in WORKFLOWS.items():
         ui = build().to_json()
-        files[REPO / "workflows" / f"{name}.json"] = json.dumps(ui, indent=2) + "\n"
+        files[REPO / "workflows" / f"{TEMPLATE_FILES[name]}.json"] = json.dumps(ui, indent=2) + "\n"
         files[REPO / "tests" / "workflows" / f"{name}_api.json"] = json.dumps(ui_to_api(ui, specs), indent=2) + "\n"
+    files[REPO / "tests" / "workflows" / "template_files.json"] = json.dumps(TEMPLATE_FILES, indent=2) + "\n"
     return files
 
 
@@ -314,7 +324,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only compare with the files on disk")
     args = parser.parse_args(argv)
     stale = []
-    for path, text in render().items():
+    rendered = render()
+    # UI files this script no longer writes (an old name) would still be listed by the template browser.
+    extra = [p for p in (REPO / "workflows").glob("*.json") if p not in rendered]
+    for path in extra:
+        if args.check:
+            stale.append(path)
+        else:
+            path.unlink()
+            print(f"removed {path.relative_to(REPO)}")
+    for path, text in rendered.items():
         if args.check:
             if not path.is_file() or path.read_text() != text:
                 stale.append(path)

@@ -86,15 +86,27 @@ def toy_frames() -> tuple[np.ndarray, str]:
     return generate(load_toy_model(), [TOY_PROMPT], [seed], steps=full_steps, cfg=cfg)[0], TOY_PROMPT
 
 
+def thumbnail_path(name: str) -> Path:
+    """workflows/<the UI file's name>.jpg for a workflow key such as 'chai_toy_t2v'."""
+    from make_chai_workflows import TEMPLATE_FILES
+
+    return REPO / "workflows" / f"{TEMPLATE_FILES[name]}.jpg"
+
+
 def render() -> dict[Path, Image.Image]:
-    out = {REPO / "workflows" / f"{name}.jpg": diagram(*spec) for name, spec in DIAGRAMS.items()}
+    out = {thumbnail_path(name): diagram(*spec) for name, spec in DIAGRAMS.items()}
     frames, prompt = toy_frames()
-    out[REPO / "workflows" / "chai_toy_t2v.jpg"] = toy_strip(frames, prompt)
+    out[thumbnail_path("chai_toy_t2v")] = toy_strip(frames, prompt)
     return out
 
 
 def main() -> int:
-    for path, image in render().items():
+    rendered = render()
+    for path in (REPO / "workflows").glob("*.jpg"):
+        if path not in rendered:
+            path.unlink()
+            print(f"removed {path.relative_to(REPO)}")
+    for path, image in rendered.items():
         image.save(path, "JPEG", quality=95)
         print(f"wrote {path.relative_to(REPO)}")
     names = sorted(p.stem for p in (REPO / "workflows").glob("*.json"))

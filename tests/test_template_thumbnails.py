@@ -39,7 +39,8 @@ def test_thumbnails_on_disk_are_what_the_script_draws_and_the_toy_one_is_the_toy
             diff = np.abs(np.asarray(on_disk.convert("RGB"), dtype=np.float32) - np.asarray(image, dtype=np.float32))
         assert diff.mean() < 4.0, (path.name, diff.mean())  # JPEG rounding only
     # The toy picture holds frames, not a drawing: many colours, and the frames differ (the ball moves).
-    toy = np.asarray(rendered[WORKFLOWS / "chai_toy_t2v.jpg"])
+    files = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
+    toy = np.asarray(rendered[WORKFLOWS / f"{files['chai_toy_t2v']}.jpg"])
     first, last = toy[56:172, 8:124], toy[192:308, 392:508]
     assert len(np.unique(toy.reshape(-1, 3), axis=0)) > 200 and np.abs(first.astype(int) - last).mean() > 5
 

@@ -14,6 +14,7 @@ from comfyui_chai.toyworld.model import DEFAULT_CFG
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
+TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 SPECS = {kind: spec["widgets"] for kind, spec in SPEC_DOC.items()}
 NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v"]
 CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
@@ -24,7 +25,7 @@ CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sa
 
 
 def load(name: str) -> tuple[dict, dict]:
-    ui = json.loads((REPO / "workflows" / f"{name}.json").read_text())
+    ui = json.loads((REPO / "workflows" / f"{TEMPLATE_FILES[name]}.json").read_text())
     api = json.loads((REPO / "tests" / "workflows" / f"{name}_api.json").read_text())
     return ui, api
 
@@ -233,3 +234,13 @@ def test_every_model_loader_carries_its_file_folder_and_download_link_and_the_no
 def test_the_toy_workflow_needs_no_download():
     ui, _ = load("chai_toy_t2v")
     assert not [n for n in ui["nodes"] if n.get("properties", {}).get("models")]
+
+
+def test_template_files_are_readable_titles_and_the_only_workflows_shipped():
+    # The template browser shows a custom node template's file name as its title and, with '-' and '_' as
+    # spaces, as its description: the names carry no '-' or '_' and say what the workflow does.
+    assert sorted(TEMPLATE_FILES) == sorted(NAMES)
+    assert sorted(p.stem for p in (REPO / "workflows").glob("*.json")) == sorted(TEMPLATE_FILES.values())
+    for title in TEMPLATE_FILES.values():
+        assert title.startswith("CHAI ") and "-" not in title and "_" not in title and len(title) <= 64
+    assert "any CPU" in TEMPLATE_FILES["chai_toy_t2v"] and "warm up" in TEMPLATE_FILES["chai_opensora_warmup"]
