@@ -267,7 +267,12 @@ class OpenSoraEmptyLatent(io.ComfyNode):
             from ..opensora.comfy_adapter import VIDEO_KEY, video_to_dict
 
             samples = torch.zeros(video.latent_shape(batch_size), device=comfy.model_management.intermediate_device())
-        return io.NodeOutput({"samples": samples, VIDEO_KEY: video_to_dict(video)})
+        status = (f"{video.height}x{video.width} px, {video.num_frames} frames at {video.fps:g} fps -> latent "
+                  f"{list(samples.shape)}")
+        if video.height % 8 or video.width % 8:
+            # The VAE works in 8-pixel blocks: the nominal size is what the model is told, the decode is floored.
+            status += f"; decodes to {video.height // 8 * 8}x{video.width // 8 * 8} px"
+        return io.NodeOutput({"samples": samples, VIDEO_KEY: video_to_dict(video)}, ui=show(status))
 
 
 def _video_input(latent: dict | None, height: int, width: int, num_frames: int, fps: float = 24.0) -> Any:
