@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The frontend extension that shows each CHAI node's report on the node (web/js/chai_reports.js).
+# The frontend extension that shows each CHAI node's report on the node (web/chai_reports.js).
 WEB_DIRECTORY = "./web"
 
 

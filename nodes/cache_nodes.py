@@ -94,7 +94,9 @@ class CacheOpen(io.ComfyNode):
             cache = open_cache(root, name, budget_bytes=budget_from_gb(budget_gb), policy=policy,
                                embedder=embedder, owner=f"CHAI_CacheOpen:{executing_node_id()}")
         log.info("[CHAI] cache %r open at %s (budget %.2f GB, %s)", name, cache.root, budget_gb, policy)
-        return io.NodeOutput(cache)
+        from .canvas import show
+
+        return io.NodeOutput(cache, ui=show(f"cache '{name}' open · budget {budget_gb:g} GB · {policy}"))
 
 
 def executing_node_id() -> str:

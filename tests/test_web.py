@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "web" / "js" / "chai_reports.js"
+SCRIPT = REPO / "web" / "chai_reports.js"
 
 
 def test_entry_point_names_the_web_directory_with_the_report_extension():
     spec = importlib.util.spec_from_file_location("chai_entry_for_web_test", REPO / "__init__.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert (REPO / module.WEB_DIRECTORY).resolve() == SCRIPT.parent.parent
+    assert (REPO / module.WEB_DIRECTORY).resolve() == SCRIPT.parent
     text = SCRIPT.read_text()
     # The report box is never serialized: saved workflows keep their widgets_values (input names never change).
     assert "widget.serialize = false" in text and "CHAI.Reports" in text

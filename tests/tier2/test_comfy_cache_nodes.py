@@ -198,5 +198,5 @@ def test_the_pack_serves_its_web_extension_that_shows_reports_on_the_nodes(comfy
     # ComfyUI serves WEB_DIRECTORY at /extensions/<pack>/; the frontend loads every .js file in it.
     web = [Path(d) for name, d in comfy.nodes.EXTENSION_WEB_DIRS.items() if "ComfyUI-CHAI" in name]
     assert len(web) == 1 and web[0].resolve() == (Path(__file__).resolve().parents[2] / "web").resolve()
-    script = (web[0] / "js" / "chai_reports.js").read_text()
+    script = (web[0] / "chai_reports.js").read_text()
     assert 'registerExtension' in script and '"execution_cached"' in script and 'startsWith("CHAI_")' in script

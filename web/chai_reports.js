@@ -37,7 +37,8 @@ app.registerExtension({
     api.addEventListener("execution_cached", ({ detail }) => {
       for (const id of detail?.nodes ?? []) {
         cachedThisRun.add(String(id));
-        markCached(app.graph?.getNodeById(id));
+        // Node ids arrive as strings; the graph keys its nodes by number.
+        markCached(app.graph?.getNodeById(Number(id)) ?? app.graph?.getNodeById(id));
       }
     });
   },
