@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+# The frontend extension that shows each CHAI node's report on the node (web/chai_reports.js).
+WEB_DIRECTORY = "./web"
+
 
 async def comfy_entrypoint() -> Any:
     """Return the CHAI ComfyExtension (called by ComfyUI after importing the pack)."""

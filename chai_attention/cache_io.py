@@ -22,6 +22,18 @@ def resolve_threshold(cache: Any, entities: PromptEntities, threshold: float | N
     return float(entities.embedder.default_threshold)
 
 
+def threshold_source(cache: Any, entities: PromptEntities, threshold: float | None) -> str:
+    """Where the threshold in use comes from, in words for the lookup report (0 on the node means auto)."""
+    if threshold is not None and threshold > 0:
+        return "set on the node"
+    if entities.embedder is not None:
+        return "auto (0 on the node): the text encoder's provisional value"
+    embedder = getattr(cache, "embedder", None)
+    if embedder is not None and float(cache.threshold) != float(embedder.default_threshold):
+        return "auto (0 on the node): the threshold configured for this cache"
+    return "auto (0 on the node): the embedder's calibrated value"
+
+
 def lookup_hit(cache: Any, entities: PromptEntities, fingerprint: str, shape: Sequence[int],
                threshold: float | None = None) -> CacheHit:
     """Look the prompt's entities up for this model fingerprint and latent shape; a hit carries CPU donors."""
@@ -32,7 +44,8 @@ def lookup_hit(cache: Any, entities: PromptEntities, fingerprint: str, shape: Se
     shape = tuple(int(s) for s in shape)
     result = cache.lookup(embedded, fingerprint, shape, thr)
     timings = {"embed": t_embed, **result.timings, "lookup": time.perf_counter() - t0}
-    base = dict(fingerprint=fingerprint, shape=shape, threshold=thr, prompt=entities.prompt,
+    base = dict(fingerprint=fingerprint, shape=shape, threshold=thr,
+                threshold_source=threshold_source(cache, entities, threshold), prompt=entities.prompt,
                 entities=tuple(entities.texts), cache_root=str(cache.root), timings=timings)
     if not result.hit:
         return CacheHit(False, result.reason, result.report(), **base)

@@ -95,6 +95,7 @@ class CacheHit:
     fingerprint: str
     shape: tuple[int, ...]
     threshold: float
+    threshold_source: str = ""  # e.g. "auto (0 on the node): the embedder's calibrated value"
     prompt: str = ""
     entities: tuple[str, ...] = ()
     cache_root: str | None = None

@@ -5,10 +5,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 from .errors import ChaiNodeError, user_errors
 from .paths import cache_root
+from .widgets import combo
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,11 @@ class CacheOpen(io.ComfyNode):
                     tooltip="Disk budget for cached latents in GB; the least useful entries are evicted beyond "
                             "it. An entry is about 1-2 MB at 240p, so 2 GB holds roughly a thousand generations. "
                             "The budget belongs to the cache: running this node sets it for every process."),
-                io.Combo.Input(
+                combo(
                     "policy", options=POLICIES, default="lru",
                     tooltip="Which entries to evict when the budget is full. 'lru' (least recently used, the "
                             "paper's choice) suits most prompt streams; 'lfu' keeps the most often hit entries."),
-                io.Combo.Input(
+                combo(
                     "embedder", options=EMBEDDERS, default="minilm",
                     tooltip="How entity phrases are compared. 'minilm' (all-MiniLM-L6-v2, CPU, a few ms per "
                             "prompt) is the calibrated default. A cache keeps the embedder it was built with."),
@@ -77,7 +78,7 @@ class CacheOpen(io.ComfyNode):
 
     @classmethod
     def execute(cls, name: str, budget_gb: float, policy: str, embedder: str) -> io.NodeOutput:
-        # This ComfyUI does not check V3 combo values against their options, so the node does.
+        # Validation checks widget values (ListedCombo); a value that arrives through a link is checked here.
         if policy not in POLICIES:
             raise ChaiNodeError(f"CHAI Cache: unknown eviction policy {policy!r}; choose one of "
                                 f"{', '.join(POLICIES)}")
@@ -93,7 +94,9 @@ class CacheOpen(io.ComfyNode):
             cache = open_cache(root, name, budget_bytes=budget_from_gb(budget_gb), policy=policy,
                                embedder=embedder, owner=f"CHAI_CacheOpen:{executing_node_id()}")
         log.info("[CHAI] cache %r open at %s (budget %.2f GB, %s)", name, cache.root, budget_gb, policy)
-        return io.NodeOutput(cache)
+        from .canvas import show
+
+        return io.NodeOutput(cache, ui=show(f"cache '{name}' open · budget {budget_gb:g} GB · {policy}"))
 
 
 def executing_node_id() -> str:
@@ -118,23 +121,23 @@ class CacheStats(io.ComfyNode):
             description="Shows what a CHAI cache holds; can also prune it to its budget or clear it.",
             inputs=[
                 CHAI_CACHE.Input("cache", tooltip="The cache to inspect, from a CHAI Cache node."),
-                io.Combo.Input(
+                combo(
                     "action", options=ACTIONS, default=ACTION_SHOW,
                     tooltip="'show' only reports (safe to leave in a workflow). 'prune to budget' evicts until "
                             "the cache fits its budget (after lowering budget_gb). 'clear' deletes every entry: "
                             "queue it once, then switch back to 'show'."),
+                io.String.Input(
+                    "after", optional=True, force_input=True,
+                    tooltip="Optional: connect CHAI Cache Write's report here so the stats are taken after the "
+                            "write (ComfyUI runs a node only after the nodes it is linked to). With a prompt list "
+                            "the stats run once, after every write."),
             ],
             outputs=[io.String.Output("report", display_name="report",
                                       tooltip="Entry count, bytes against the budget and the most recent entries.")],
             is_output_node=True,
+            # Lists in, one run: after a prompt list's writes the stats are taken once, not once per prompt.
+            is_input_list=True,
         )
-
-    @classmethod
-    def validate_inputs(cls, action: str | None = None) -> bool | str:
-        """Reject an unknown action before anything runs (this ComfyUI does not check V3 combo values)."""
-        if action is not None and action not in ACTIONS:
-            return f"unknown action {action!r}; choose one of {', '.join(ACTIONS)}"
-        return True
 
     @classmethod
     def fingerprint_inputs(cls, **kwargs: Any) -> float:
@@ -145,7 +148,9 @@ class CacheStats(io.ComfyNode):
         return float("nan")
 
     @classmethod
-    def execute(cls, cache: Any, action: str) -> io.NodeOutput:
+    def execute(cls, cache: list, action: list, after: list | None = None) -> io.NodeOutput:
+        # is_input_list: every input arrives as a list; the cache and action are the first (only) ones.
+        cache, action = cache[0], action[0]
         if action not in ACTIONS:
             raise ChaiNodeError(f"CHAI Cache Stats: unknown action {action!r}; choose one of "
                                 f"{', '.join(ACTIONS)}")
@@ -160,7 +165,11 @@ class CacheStats(io.ComfyNode):
             entries = store.entries(RECENT_ENTRIES) if stats.entries else []
         report = format_report(Path(stats.root).name, stats.report(), lines, entries, stats.entries)
         log.info("[CHAI] cache %r: %s, %d entries", Path(stats.root).name, action, stats.entries)
-        return io.NodeOutput(report, ui=ui.PreviewText(report))
+        from .canvas import show
+
+        status = " · ".join([*lines, f"{stats.entries} entries", f"{stats.bytes / 1e6:.1f} of "
+                             f"{stats.budget_bytes / 1e6:.0f} MB"])
+        return io.NodeOutput(report, ui=show(status, report))
 
 
 def format_report(name: str, stats_report: str, actions: list[str], entries: list[Any], total: int) -> str:

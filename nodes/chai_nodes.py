@@ -13,11 +13,13 @@ import weakref
 from typing import Any
 
 import comfy.samplers
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 from ..chai_attention import constants
 from .cache_nodes import CHAI_CACHE
+from .canvas import show
 from .errors import ChaiNodeError, user_errors
+from .widgets import combo
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +117,7 @@ class EntityExtract(io.ComfyNode):
             embedder = text_encoder_embedder(clip) if clip is not None else None
             result = PromptEntities(prompt or "", entities, embedder)
         listing = result.listing()
-        return io.NodeOutput(result, listing, ui=ui.PreviewText(f"entities: {listing}"))
+        return io.NodeOutput(result, listing, ui=show(f"entities: {listing}"))
 
 
 class CacheLookup(io.ComfyNode):
@@ -139,7 +141,7 @@ class CacheLookup(io.ComfyNode):
                                                 "donors."),
                 io.Latent.Input("latent", tooltip="The LATENT the sampler starts from; donors must have its shape."),
                 io.Float.Input(
-                    "threshold", default=0.0, min=0.0, max=1.0, step=0.01, round=0.001,
+                    "threshold", display_name="threshold (0 = auto)", default=0.0, min=0.0, max=1.0, step=0.01, round=0.001,
                     tooltip="Cosine similarity what a thing is (its noun, not its colour or looks) needs to match a "
                             "cached one; only the main subject or the scene can make a hit. 0 = auto: the "
                             "embedder's calibrated value (MiniLM 0.65, chosen on labelled request/donor pairs). "
@@ -178,16 +180,25 @@ class CacheLookup(io.ComfyNode):
             note_lookup(f"CHAI_CacheLookup:{executing_node_id()}", cache)
             hit = lookup_hit(cache, entities, comfy_model_fingerprint(model), latent_shape(model, latent),
                              threshold)
+        from ..chai_attention.status import lookup_status
+
         report = format_lookup(hit)
         log.info("[CHAI] lookup: %s", hit.report)
-        return io.NodeOutput(hit, report, ui=ui.PreviewText(report))
+        return io.NodeOutput(hit, report, ui=show(lookup_status(hit), report))
 
 
 def format_lookup(hit: Any) -> str:
     """The lookup node's report."""
     lines = [f"CHAI lookup: {'HIT' if hit.hit else 'miss'}", f"entities: {', '.join(hit.entities) or '(none)'}",
-             hit.report, f"threshold {hit.threshold:.2f}; latent {list(hit.shape)}; model {hit.fingerprint}"]
+             hit.report,
+             f"threshold {hit.threshold:.2f}" + (f" ({hit.threshold_source})" if hit.threshold_source else ""),
+             f"latent {list(hit.shape)}; model {hit.fingerprint}"]
     lines.append("time: " + ", ".join(f"{k} {_ms(v)}" for k, v in hit.timings.items()))
+    from ..chai_attention.status import same_prompt_note
+
+    note = same_prompt_note(hit)
+    if note:
+        lines.append(note)
     return "\n".join(lines)
 
 
@@ -216,11 +227,11 @@ class Sampler(io.ComfyNode):
                                      "miss."),
                 io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1, round=0.01,
                                tooltip="Classifier-free guidance scale: OpenSora 1.2 uses 7.0, Wan 2.1 5-6."),
-                io.Combo.Input("sampler_name", options=SAMPLERS, default="euler",
+                combo("sampler_name", options=SAMPLERS, default="euler",
                                tooltip="Sampler. 'euler' (OpenSora's own) or 'uni_pc' (Wan's template) work best; "
                                        "two-evaluation samplers (heun, dpm_2) are supported, Cache Attention "
                                        "fires only where the model is evaluated at a cache step's noise level."),
-                io.Combo.Input("scheduler", options=SCHEDULERS, default="simple",
+                combo("scheduler", options=SCHEDULERS, default="simple",
                                tooltip="Noise schedule. 'opensora' is OpenSora 1.2's exact schedule from the "
                                        "latent's nominal size (OpenSora models only; for a fixed-size checkpoint "
                                        "such as the toy-world model, the uniform schedule with the shift stored "
@@ -232,10 +243,10 @@ class Sampler(io.ComfyNode):
                 io.String.Input("cache_steps", default="2,3,4",
                                 tooltip="Steps of the fast schedule, counted from 1, at which Cache Attention "
                                         "runs (the paper: 2,3,4 of 8). Empty = none (a plain fast run)."),
-                io.Combo.Input("kv_mode", options=KV_MODES, default="replace",
+                combo("kv_mode", options=KV_MODES, default="replace",
                                tooltip="'replace' (the paper): block 0 attends to the donor's keys/values only. "
                                        "'concat': to its own and the donor's (keeps more of the new prompt)."),
-                io.Combo.Input("apply_to", options=APPLY_TO, default="cond",
+                combo("apply_to", options=APPLY_TO, default="cond",
                                tooltip="'cond' (default): only the prompt half of CFG attends to the donor; "
                                        "'both': the negative half too."),
                 CHAI_HIT.Input("hit", optional=True,
@@ -285,8 +296,10 @@ class Sampler(io.ComfyNode):
             out, trace = chai_sample(model, positive, negative, latent, seed=seed, cfg=cfg,
                                      sampler_name=sampler_name, scheduler=scheduler, config=config,
                                      schedule=schedule, hit=hit)
+        from ..chai_attention.status import sampler_status
+
         report = (f"{trace.report.text()}\nsampler {sampler_name}, scheduler {scheduler}, cfg {cfg:g}, seed {seed}")
-        return io.NodeOutput(out, trace, report, ui=ui.PreviewText(report))
+        return io.NodeOutput(out, trace, report, ui=show(sampler_status(trace.report), report))
 
 
 def opensora_schedule(model: Any, latent: dict, node: str) -> Any:
@@ -334,8 +347,9 @@ class CacheWrite(io.ComfyNode):
             from ..cache_store.errors import EmbedderMismatchError, EntryTooLargeError
             from ..chai_attention.cache_io import write_trace
 
+            stored = False
             try:
-                _, line = write_trace(cache, entities, trace)
+                stored, line = write_trace(cache, entities, trace)
             except (EmbedderMismatchError, EntryTooLargeError) as exc:
                 # The video is fine; only this cache cannot take the entry. Say so instead of failing the run.
                 line = f"not stored: {exc}"
@@ -344,7 +358,9 @@ class CacheWrite(io.ComfyNode):
         report = (f"CHAI cache write: {line}\ncache: {stats.entries} entries, {stats.bytes / 1e6:.2f} of "
                   f"{stats.budget_bytes / 1e6:.0f} MB")
         log.info("[CHAI] write: %s", line)
-        return io.NodeOutput(report, ui=ui.PreviewText(report))
+        from ..chai_attention.status import write_status
+
+        return io.NodeOutput(report, ui=show(write_status(stored, line, stats.entries), report))
 
 
 class PromptList(io.ComfyNode):

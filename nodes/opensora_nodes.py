@@ -12,7 +12,9 @@ from comfy_api.latest import io
 
 from ..opensora.choices import (ASPECT_CHOICES, DEFAULT_ASPECT, DEFAULT_FRAMES, DEFAULT_RESOLUTION,
                                 FRAME_CHOICES, MAX_FRAMES, MAX_SIDE, RESOLUTION_CHOICES, video_for_choices)
+from .canvas import show
 from .errors import ChaiNodeError, user_errors
+from .widgets import combo
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +27,9 @@ SIZE_TOOLTIP = ("Nominal pixel {what} of the video (OpenSora's size, e.g. 426 fo
 
 
 def _model_files() -> list[str]:
-    import folder_paths
+    from .paths import loader_model_files
 
-    return folder_paths.get_filename_list("diffusion_models")
+    return loader_model_files()
 
 
 def _require_opensora(model: Any, node: str) -> None:
@@ -53,13 +55,13 @@ class OpenSoraModelLoader(io.ComfyNode):
                         "4.8 GB) as a native ComfyUI model: KSampler, SamplerCustom, LoRA-style patches and "
                         "memory management apply.",
             inputs=[
-                io.Combo.Input(
+                combo(
                     "model_name", options=_model_files(),
                     tooltip="STDiT3 checkpoint in models/diffusion_models (or a diffusion_models path of "
                             "extra_model_paths.yaml). The pack's own toy-world model, toyworld_stdit3.safetensors "
-                            "(runs on any CPU in seconds), is listed too. Other kinds of model are refused with a "
-                            "message saying what the file looks like."),
-                io.Combo.Input(
+                            "(runs on any CPU in seconds), is listed too, by this loader only. Other kinds of "
+                            "model are refused with a message saying what the file looks like."),
+                combo(
                     "weight_dtype", options=DTYPE_CHOICES, default="default",
                     tooltip="Weight precision. 'default' lets ComfyUI choose (bf16 on GPUs that support it, as "
                             "Open-Sora runs; fp32 on CPU). bf16/fp16 halve memory (2.4 GB instead of 4.8 GB); "
@@ -85,8 +87,10 @@ class OpenSoraModelLoader(io.ComfyNode):
                                 f"{', '.join(DTYPE_CHOICES)}")
         import folder_paths
 
+        from .paths import loader_model_path
+
         with user_errors(node):
-            path = folder_paths.get_full_path("diffusion_models", model_name)
+            path = loader_model_path(model_name)
             if path is None:
                 raise ChaiNodeError(f"{node}: {model_name!r} is not in the diffusion_models folder "
                                     f"({', '.join(folder_paths.get_folder_paths('diffusion_models'))})")
@@ -172,8 +176,11 @@ class OpenSoraTextEncode(io.ComfyNode):
                 raise ChaiNodeError(f"{node}: the CLIP is not a lone T5-XXL (its tokenizers: {sorted(tokens)}); "
                                     "load t5xxl with 'Load CLIP' type 'pixart'.")
             tokens, kept, total = truncate_t5_tokens(tokens)
+            status = f"{total} T5 tokens"
             if kept < total:
                 log.info("[CHAI] OpenSora caption cut from %d to %d T5 tokens", total, kept)
+                status = (f"prompt cut: {kept} of {total} T5 tokens kept (OpenSora reads {MAX_T5_TOKENS}); the end "
+                          "of the prompt is ignored")
             conditioning = clip.encode_from_tokens_scheduled(tokens)
             channels = model.get_model_object("diffusion_model").config.caption_channels
             positive, negative = [], []
@@ -186,7 +193,7 @@ class OpenSoraTextEncode(io.ComfyNode):
                 extra = {k: v for k, v in extra.items() if k != "attention_mask"}
                 positive.append([cond, extra])
                 negative.append([null_caption(model, cond.shape[1]), {"pooled_output": None}])
-        return io.NodeOutput(positive, negative, caption)
+        return io.NodeOutput(positive, negative, caption, ui=show(status))
 
 
 class OpenSoraEmptyLatent(io.ComfyNode):
@@ -202,15 +209,15 @@ class OpenSoraEmptyLatent(io.ComfyNode):
                         "does: 9:16 is landscape (240 high x 426 wide at 240p). The nominal size, frame count "
                         "and fps travel in the latent for the scheduler and the VAE decode.",
             inputs=[
-                io.Combo.Input(
+                combo(
                     "resolution", options=RESOLUTION_CHOICES, default=DEFAULT_RESOLUTION,
                     tooltip="Open-Sora resolution preset (240p is the official default and what CHAI was "
                             "measured on; 720p needs a large GPU). 'custom' uses custom_height/custom_width."),
-                io.Combo.Input(
+                combo(
                     "aspect_ratio", options=ASPECT_CHOICES, default=DEFAULT_ASPECT,
                     tooltip="Open-Sora's five aspect ratios, height:width; the label shows the 240p size as "
                             "height x width. 9:16 is the landscape default."),
-                io.Combo.Input(
+                combo(
                     "frames", options=FRAME_CHOICES, default=DEFAULT_FRAMES,
                     tooltip="Open-Sora frame presets (image, 2s=51 ... 16s=408 frames at 24 fps); 'custom' uses "
                             "custom_frames. 51 frames give 15 latent frames."),
@@ -260,7 +267,12 @@ class OpenSoraEmptyLatent(io.ComfyNode):
             from ..opensora.comfy_adapter import VIDEO_KEY, video_to_dict
 
             samples = torch.zeros(video.latent_shape(batch_size), device=comfy.model_management.intermediate_device())
-        return io.NodeOutput({"samples": samples, VIDEO_KEY: video_to_dict(video)})
+        status = (f"{video.height}x{video.width} px, {video.num_frames} frames at {video.fps:g} fps -> latent "
+                  f"{list(samples.shape)}")
+        if video.height % 8 or video.width % 8:
+            # The VAE works in 8-pixel blocks: the nominal size is what the model is told, the decode is floored.
+            status += f"; decodes to {video.height // 8 * 8}x{video.width // 8 * 8} px"
+        return io.NodeOutput({"samples": samples, VIDEO_KEY: video_to_dict(video)}, ui=show(status))
 
 
 def _video_input(latent: dict | None, height: int, width: int, num_frames: int, fps: float = 24.0) -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 from comfy_api.latest import io
 
 from .errors import ChaiNodeError, user_errors
+from .widgets import combo
 
 log = logging.getLogger(__name__)
 
@@ -45,11 +46,11 @@ class OpenSoraVAELoader(io.ComfyNode):
             description="Loads hpcai-tech/OpenSora-VAE-v1.2 model.safetensors from models/vae. The output also "
                         "works with ComfyUI's VAE Decode / VAE Encode nodes (which assume 1 or 17k frames).",
             inputs=[
-                io.Combo.Input(
+                combo(
                     "vae_name", options=_vae_files(),
                     tooltip="The OpenSora VAE v1.2 file in models/vae (the 1.57 GB model.safetensors from "
                             "hpcai-tech/OpenSora-VAE-v1.2, renamed as you like). Other VAEs are refused."),
-                io.Combo.Input(
+                combo(
                     "temporal_dtype", options=DTYPES, default="auto",
                     tooltip="Precision of the temporal (3-D) part. 'auto' picks bf16 where the device runs it "
                             "fast, else fp32; Open-Sora itself decodes in bf16. The 2-D part follows ComfyUI's "
@@ -158,7 +159,7 @@ class OpenSoraVAEEncode(io.ComfyNode):
                 io.Image.Input("pixels", tooltip="The frames of one video [frames, H, W, 3], e.g. from Load Video "
                                                  "or one image for image-to-video; sizes are floored to 8."),
                 io.Vae.Input("vae", tooltip="The VAE from the CHAI OpenSora VAE Loader."),
-                io.Combo.Input(
+                combo(
                     "mode", options=MODES, default="mean",
                     tooltip="'mean' takes the posterior means (deterministic). 'sample' draws from both posteriors "
                             "like Open-Sora's training-time encode, reproducibly from the seed."),

@@ -5,8 +5,11 @@ import os
 
 FOLDER_KEY = "chai_cache"
 MODELS_KEY = "diffusion_models"
-# The pack's own trained toy-world STDiT3 (toyworld/weights/toyworld_stdit3.safetensors), found through the
-# diffusion_models folder list so that CHAI OpenSora Model Loader offers it.
+# The pack's own trained toy-world STDiT3 (toyworld/weights/toyworld_stdit3.safetensors) lives under a folder key
+# of its own: only CHAI OpenSora Model Loader lists it (core loaders such as UNETLoader read diffusion_models and
+# would fail on it).
+TOY_KEY = "chai_toy_weights"
+TOY_EXTENSIONS = {".safetensors"}
 TOY_WEIGHTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "toyworld", "weights")
 
 
@@ -30,8 +33,28 @@ def cache_root() -> str:
 
 
 def register_toy_weights_folder() -> None:
-    """Append the pack's toyworld/weights folder to `diffusion_models` (idempotent)."""
-    # Appended, so the user's own folders come first: a file of the same name there is the one that loads.
+    """Register the pack's toyworld/weights folder under its own `chai_toy_weights` key (idempotent)."""
     import folder_paths
 
-    folder_paths.add_model_folder_path(MODELS_KEY, TOY_WEIGHTS_DIR)
+    if TOY_KEY not in folder_paths.folder_names_and_paths:
+        folder_paths.folder_names_and_paths[TOY_KEY] = ([TOY_WEIGHTS_DIR], set(TOY_EXTENSIONS))
+    else:
+        folder_paths.add_model_folder_path(TOY_KEY, TOY_WEIGHTS_DIR)
+
+
+def loader_model_files() -> list[str]:
+    """What CHAI OpenSora Model Loader lists: the user's diffusion_models files, then the pack's toy weights."""
+    import folder_paths
+
+    register_toy_weights_folder()
+    files = list(folder_paths.get_filename_list(MODELS_KEY))
+    files += [f for f in folder_paths.get_filename_list(TOY_KEY) if f not in files]
+    return files
+
+
+def loader_model_path(name: str) -> str | None:
+    """The file behind a loader entry: the user's diffusion_models first (a file of the same name there wins)."""
+    import folder_paths
+
+    register_toy_weights_folder()
+    return folder_paths.get_full_path(MODELS_KEY, name) or folder_paths.get_full_path(TOY_KEY, name)

@@ -12,6 +12,7 @@ from typing import Any
 from comfy_api.latest import io
 
 from ..toyworld.comfy_adapter import DEFAULT_UPSCALE, MAX_BATCH, MAX_UPSCALE
+from .canvas import show
 from .errors import ChaiNodeError, user_errors
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,16 @@ class ToyTextEncode(io.ComfyNode):
 
             _require_toy_text(model, node, TEXT_DIM)
             caption = prompt_conditioning(prompt)
+            status = f"{caption.used_words} words encoded"
             if caption.used_words < caption.total_words:
                 log.warning("[CHAI] toy text encode: only the first %d of %d words are used", caption.used_words,
                             caption.total_words)
+                status = (f"prompt cut: only the first {caption.used_words} of {caption.total_words} words are "
+                          "read (the toy encoder's limit); the rest is ignored")
             length = caption.features.shape[1]
             positive = [[caption.features, {"pooled_output": None}]]
             negative = [[null_caption(model, length), {"pooled_output": None}]]
-        return io.NodeOutput(positive, negative)
+        return io.NodeOutput(positive, negative, ui=show(status))
 
 
 class ToyEmptyLatent(io.ComfyNode):
@@ -134,17 +138,19 @@ class ToyDecode(io.ComfyNode):
                                 tooltip="All frames of all videos, [B * 8, 16 * upscale, 16 * upscale, 3]; "
                                         "connect to CreateVideo."),
                 io.Float.Output("frame_rate", display_name="fps",
-                                tooltip="The toy world's frame rate (24); connect to CreateVideo's fps."),
+                                tooltip="Playback frame rate, 8: a clip of 8 frames lasts one second (the model's "
+                                        "nominal 24 fps would show it for a third of a second); connect to "
+                                        "CreateVideo's fps."),
             ],
         )
 
     @classmethod
     def execute(cls, samples: dict, upscale: int) -> io.NodeOutput:
         with user_errors("CHAI Toy Decode"):
-            from ..toyworld.comfy_adapter import FPS, decode_frames
+            from ..toyworld.comfy_adapter import PLAYBACK_FPS, decode_frames
 
             images = decode_frames(samples["samples"], int(upscale))
-        return io.NodeOutput(images, FPS)
+        return io.NodeOutput(images, PLAYBACK_FPS)
 
 
 NODES = [ToyTextEncode, ToyEmptyLatent, ToyDecode]

@@ -38,8 +38,8 @@ street, desert), objects (ball, car, kite, bird, box), colours (red, blue, green
 2. Change it to a prompt that shares an entity, e.g. *a blue kite drifting left across a sandy beach*, and queue
    again: a **hit** (8 steps, Cache Attention at steps 2, 3, 4 takes the beach from the first video).
 
-The lookup, sampler and write nodes report what happened; the video (128x128, 24 fps) is saved under
-output/video/. Text is encoded by the toy's own word hashing (no CLIP); cfg TOY_CFG_TEXT is what the model was
+The lookup, sampler and write nodes report what happened; the video (128x128, 8 frames played at 8 fps: one
+second) is saved under output/video/, and a looping animated WEBP preview under output/. Text is encoded by the toy's own word hashing (no CLIP); cfg TOY_CFG_TEXT is what the model was
 evaluated at. Scheduler 'opensora' is the model's exact trained schedule (uniform, with the flow shift stored
 in the file); 'simple' gives the same sigmas within 0.001."""
 TOY_NOTE = TOY_NOTE_TEMPLATE.replace("TOY_CFG_TEXT", f"{TOY_CFG:g}")
@@ -57,6 +57,36 @@ WARMUP_PROMPTS = "\n".join([
 ])
 
 
+# Model files the OpenSora and Wan workflows load: official file names (what the loaders' widgets select), the
+# models/ folder each goes in, and a public download URL. The frontend reads them from each loader node's
+# properties.models and offers the download when a file is missing.
+HF = "https://huggingface.co"
+WAN_REPACK = f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files"
+MODEL_FILES = {
+    "opensora_stdit3": {"name": "OpenSora-STDiT-v3.safetensors", "directory": "diffusion_models",
+                        "url": f"{HF}/hpcai-tech/OpenSora-STDiT-v3/resolve/main/model.safetensors"},
+    "t5xxl": {"name": "t5xxl_fp16.safetensors", "directory": "text_encoders",
+              "url": f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/t5xxl_fp16.safetensors"},
+    "opensora_vae": {"name": "OpenSora-VAE-v1.2.safetensors", "directory": "vae",
+                     "url": f"{HF}/hpcai-tech/OpenSora-VAE-v1.2/resolve/main/model.safetensors"},
+    "wan21_t2v_1_3b": {"name": "wan2.1_t2v_1.3B_fp16.safetensors", "directory": "diffusion_models",
+                       "url": f"{WAN_REPACK}/diffusion_models/wan2.1_t2v_1.3B_fp16.safetensors"},
+    "umt5_xxl": {"name": "umt5_xxl_fp8_e4m3fn_scaled.safetensors", "directory": "text_encoders",
+                 "url": f"{WAN_REPACK}/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors"},
+    "wan21_vae": {"name": "wan_2.1_vae.safetensors", "directory": "vae",
+                  "url": f"{WAN_REPACK}/vae/wan_2.1_vae.safetensors"},
+}
+
+
+def files_note(*keys: str) -> str:
+    """Markdown list of where each model file goes, with its download link."""
+    lines = ["**Model files** (the frontend offers to download a missing one; or fetch it yourself):", ""]
+    for key in keys:
+        f = MODEL_FILES[key]
+        lines.append(f"- `{f['name']}` in `models/{f['directory']}/`: [{f['url'].split('/resolve/')[0]}]({f['url']})")
+    return "\n".join(lines)
+
+
 class UIGraph:
     """Builds a UI-format (frontend "workflow", version 0.4) graph from node types, widget values and links."""
 
@@ -66,16 +96,19 @@ class UIGraph:
         self.links: list[list[Any]] = []
 
     def node(self, kind: str, pos: tuple[int, int], widgets: list[Any], *, title: str | None = None,
-             size: tuple[int, int] = (320, 130)) -> int:
+             size: tuple[int, int] = (320, 130), models: tuple[str, ...] = ()) -> int:
         """Add a node; widgets are its widgets_values (control_after_generate values included)."""
         spec = SPECS[kind] if kind in SPECS else {"inputs": [], "outputs": [], "widgets": []}
         node_id = len(self.nodes) + 1
+        widget_names = {w[0] for w in spec["widgets"]}
         sockets = [{"name": n, "type": t, "link": None} for n, t in spec["inputs"]
-                   if t not in WIDGET_TYPES]
+                   if t not in WIDGET_TYPES or (n not in widget_names and t != "COMBO")]
         node = {"id": node_id, "type": kind, "pos": list(pos), "size": list(size), "flags": {},
                 "order": len(self.nodes), "mode": 0, "inputs": sockets,
                 "outputs": [{"name": n, "type": t, "links": []} for n, t in spec["outputs"]],
                 "properties": {"Node name for S&R": kind}, "widgets_values": widgets}
+        if models:
+            node["properties"]["models"] = [dict(MODEL_FILES[key]) for key in models]
         if title:
             node["title"] = title
         self.nodes.append(node)
@@ -137,6 +170,10 @@ def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], n
     g.link(cache, 0, write, "cache")
     g.link(ents, 0, write, "entities")
     g.link(sampler_id, 1, write, "trace")
+    # Stats take the write's report as input, so ComfyUI runs them after the write (and once after a prompt list).
+    stats = g.node("CHAI_CacheStats", (x + 720, 240), ["show"], size=(340, 220))
+    g.link(cache, 0, stats, "cache")
+    g.link(write, 0, stats, "after")
     return sampler_id
 
 
@@ -157,12 +194,12 @@ def opensora_t2v() -> UIGraph:
     g.note((-420, 40), "## CHAI on OpenSora 1.2\n\nQueue prompts as usual. The first prompts **miss**: they run 30 "
                        "steps and fill the cache. Later prompts that share an entity (an object or a scene) **hit** "
                        "and run 8 steps with Cache Attention, about 3.5x faster. The lookup, sampler and write "
-                       "nodes report what happened.\n\nFiles: the STDiT3 checkpoint (hpcai-tech/OpenSora-STDiT-v3) "
-                       "in models/diffusion_models, T5-XXL (t5xxl_fp16) in models/text_encoders, the OpenSora VAE "
-                       "v1.2 in models/vae.")
+                       "nodes report what happened.\n\n" + files_note("opensora_stdit3", "t5xxl", "opensora_vae"),
+           size=(420, 420))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [OPENSORA_PROMPT], title="Prompt", size=(380, 160))
-    model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["OpenSora-STDiT-v3.safetensors", "default"])
-    clip = g.node("CLIPLoader", (0, 400), ["t5xxl_fp16.safetensors", "pixart", "default"])
+    model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["OpenSora-STDiT-v3.safetensors", "default"],
+                   models=("opensora_stdit3",))
+    clip = g.node("CLIPLoader", (0, 400), ["t5xxl_fp16.safetensors", "pixart", "default"], models=("t5xxl",))
     text = g.node("CHAI_OpenSoraTextEncode", (0, 560), ["", True, 6.5, True], size=(380, 220))
     g.link(clip, 0, text, "clip")
     g.link(model, 0, text, "model")
@@ -172,7 +209,8 @@ def opensora_t2v() -> UIGraph:
                     size=(380, 260))
     sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="opensora", cfg=7.0,
                          sampler="euler", scheduler="opensora", x=440)
-    vae = g.node("CHAI_OpenSoraVAELoader", (1160, 260), ["OpenSora-VAE-v1.2.safetensors", "auto"])
+    vae = g.node("CHAI_OpenSoraVAELoader", (1160, 260), ["OpenSora-VAE-v1.2.safetensors", "auto"],
+                 models=("opensora_vae",))
     decode = g.node("CHAI_OpenSoraVAEDecode", (1160, 420), [0, 24.0, 0, 64], size=(320, 200))
     g.link(sampler, 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
@@ -194,7 +232,12 @@ def toy_t2v() -> UIGraph:
                          sampler="euler", scheduler="opensora", x=440)
     decode = g.node("CHAI_ToyDecode", (1160, 260), [8], size=(300, 100))
     g.link(sampler, 0, decode, "samples")
-    save_video(g, decode, 400, 24.0, "CHAI_toy", save_size=(400, 460))
+    save_video(g, decode, 400, 8.0, "CHAI_toy", save_size=(400, 460))
+    # An animated WEBP loops forever in the node's preview: the one-second clip can be watched as it plays.
+    webp = g.node("SaveAnimatedWEBP", (1520, 760), ["CHAI_toy_loop", 8.0, True, 80, "default"], size=(400, 460),
+                  title="Looping preview")
+    g.link(decode, 0, webp, "images")
+    g.link(decode, 1, webp, "fps")
     return g
 
 
@@ -203,14 +246,15 @@ def wan21_t2v() -> UIGraph:
     g = UIGraph("chai_wan21_t2v")
     g.note((-420, 40), "## CHAI on Wan 2.1 T2V 1.3B\n\nComfyUI's native Wan nodes plus CHAI: misses run 30 steps "
                        "and fill the cache, hits on a shared entity run 8 steps with Cache Attention in block 0's "
-                       "self-attention.\n\nFiles (as for ComfyUI's Wan 2.1 template): "
-                       "wan2.1_t2v_1.3B_fp16 in models/diffusion_models, umt5_xxl_fp8_e4m3fn_scaled in "
-                       "models/text_encoders, wan_2.1_vae in models/vae.")
+                       "self-attention.\n\n" + files_note("wan21_t2v_1_3b", "umt5_xxl", "wan21_vae"),
+           size=(420, 420))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
-    unet = g.node("UNETLoader", (0, 240), ["wan2.1_t2v_1.3B_fp16.safetensors", "default"])
+    unet = g.node("UNETLoader", (0, 240), ["wan2.1_t2v_1.3B_fp16.safetensors", "default"],
+                  models=("wan21_t2v_1_3b",))
     model = g.node("ModelSamplingSD3", (0, 400), [8.0], size=(300, 80))
     g.link(unet, 0, model, "model")
-    clip = g.node("CLIPLoader", (0, 520), ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"])
+    clip = g.node("CLIPLoader", (0, 520), ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"],
+                  models=("umt5_xxl",))
     positive = g.node("CLIPTextEncode", (0, 680), [""], title="Positive", size=(380, 120))
     g.link(clip, 0, positive, "clip")
     g.link(prompt, 0, positive, "text")
@@ -219,7 +263,7 @@ def wan21_t2v() -> UIGraph:
     latent = g.node("EmptyHunyuanLatentVideo", (0, 1040), [832, 480, 33, 1], size=(320, 160))
     sampler = chai_nodes(g, model, latent, (positive, 0), (negative, 0), prompt, cache_name="wan21", cfg=6.0,
                          sampler="uni_pc", scheduler="simple", x=440)
-    vae = g.node("VAELoader", (1160, 260), ["wan_2.1_vae.safetensors"], size=(320, 80))
+    vae = g.node("VAELoader", (1160, 260), ["wan_2.1_vae.safetensors"], size=(320, 80), models=("wan21_vae",))
     decode = g.node("VAEDecode", (1160, 380), [], size=(220, 60))
     g.link(sampler, 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
@@ -232,10 +276,12 @@ def opensora_warmup() -> UIGraph:
     g = UIGraph("chai_opensora_warmup")
     g.note((-420, 40), "## Warm up a CHAI cache\n\nEvery line of the prompt list runs once through the full "
                        "schedule and is stored, so that later requests sharing its entities hit. Nothing is "
-                       "decoded. Use the same model, size and cache name as the workflow you will run.")
+                       "decoded. Use the same model, size and cache name as the workflow you will run.\n\n"
+           + files_note("opensora_stdit3", "t5xxl"), size=(420, 380))
     prompts = g.node("CHAI_PromptList", (0, 40), [WARMUP_PROMPTS], size=(420, 260))
-    model = g.node("CHAI_OpenSoraModelLoader", (0, 340), ["OpenSora-STDiT-v3.safetensors", "default"])
-    clip = g.node("CLIPLoader", (0, 500), ["t5xxl_fp16.safetensors", "pixart", "default"])
+    model = g.node("CHAI_OpenSoraModelLoader", (0, 340), ["OpenSora-STDiT-v3.safetensors", "default"],
+                   models=("opensora_stdit3",))
+    clip = g.node("CLIPLoader", (0, 500), ["t5xxl_fp16.safetensors", "pixart", "default"], models=("t5xxl",))
     text = g.node("CHAI_OpenSoraTextEncode", (0, 660), ["", True, 6.5, True], size=(380, 220))
     g.link(clip, 0, text, "clip")
     g.link(model, 0, text, "model")
@@ -250,6 +296,15 @@ def opensora_warmup() -> UIGraph:
 
 WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
              "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v}
+# The UI files' names. ComfyUI's template browser titles a custom node pack's template with its file name and
+# describes it with the same name ('-' and '_' shown as spaces), so the names are written to be read (no '-' or
+# '_'). The API twins and the tests keep the short keys; tests/workflows/template_files.json maps one to the other.
+TEMPLATE_FILES = {
+    "chai_toy_t2v": "CHAI toy world, text to video on any CPU (no download)",
+    "chai_opensora_t2v": "CHAI OpenSora 1.2, text to video with Cache Attention",
+    "chai_wan21_t2v": "CHAI Wan 2.1 T2V 1.3B, text to video with Cache Attention",
+    "chai_opensora_warmup": "CHAI OpenSora 1.2, warm up a cache from a prompt list",
+}
 
 
 def render() -> dict[Path, str]:
@@ -258,8 +313,9 @@ def render() -> dict[Path, str]:
     files = {}
     for name, build in WORKFLOWS.items():
         ui = build().to_json()
-        files[REPO / "workflows" / f"{name}.json"] = json.dumps(ui, indent=2) + "\n"
+        files[REPO / "workflows" / f"{TEMPLATE_FILES[name]}.json"] = json.dumps(ui, indent=2) + "\n"
         files[REPO / "tests" / "workflows" / f"{name}_api.json"] = json.dumps(ui_to_api(ui, specs), indent=2) + "\n"
+    files[REPO / "tests" / "workflows" / "template_files.json"] = json.dumps(TEMPLATE_FILES, indent=2) + "\n"
     return files
 
 
@@ -268,7 +324,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only compare with the files on disk")
     args = parser.parse_args(argv)
     stale = []
-    for path, text in render().items():
+    rendered = render()
+    # UI files this script no longer writes (an old name) would still be listed by the template browser.
+    extra = [p for p in (REPO / "workflows").glob("*.json") if p not in rendered]
+    for path in extra:
+        if args.check:
+            stale.append(path)
+        else:
+            path.unlink()
+            print(f"removed {path.relative_to(REPO)}")
+    for path, text in rendered.items():
         if args.check:
             if not path.is_file() or path.read_text() != text:
                 stale.append(path)

@@ -13,7 +13,7 @@ import torch
 from comfyui_chai.cache_store.embedders.function import FunctionEmbedder
 from comfyui_chai.cache_store.entities import Entity
 from comfyui_chai.cache_store.service import ChaiCache, close_all, open_cache, store_generations
-from comfyui_chai.chai_attention.cache_io import lookup_hit, resolve_threshold, write_trace
+from comfyui_chai.chai_attention.cache_io import lookup_hit, resolve_threshold, threshold_source, write_trace
 from comfyui_chai.chai_attention.comfy_glue import (ModelInputCapture, SharedRun, original_weights_digest, patches_digest)
 from comfyui_chai.chai_attention.config import ChaiConfig
 from comfyui_chai.chai_attention.donors import Donor, DonorSet
@@ -80,6 +80,20 @@ def test_threshold_zero_means_the_calibrated_default_of_the_embedder_in_use(cach
     assert resolve_threshold(cache, _entities("x", "fox"), 0.75) == 0.75
     own = FunctionEmbedder("own", lambda p: np.ones((len(p), 8)), 8, 0.6)
     assert resolve_threshold(cache, _entities("x", "fox", embedder=own), None) == 0.6
+
+
+def test_the_threshold_source_says_what_zero_meant(cache, tmp_path):
+    assert threshold_source(cache, _entities("x", "fox"), 0.0).endswith("the embedder's calibrated value")
+    assert threshold_source(cache, _entities("x", "fox"), 0.75) == "set on the node"
+    own = FunctionEmbedder("own", lambda p: np.ones((len(p), 8)), 8, 0.6)
+    assert "text encoder" in threshold_source(cache, _entities("x", "fox", embedder=own), 0.0)
+    configured = ChaiCache(tmp_path / "t", budget_bytes=10**8, embedder=_embedder(), threshold=0.7)
+    try:
+        assert "configured for this cache" in threshold_source(configured, _entities("x", "fox"), 0.0)
+    finally:
+        configured.close()
+    hit = lookup_hit(cache, _entities("a red fox", "red fox"), "fp", SHAPE)
+    assert hit.threshold == 0.9 and hit.threshold_source.startswith("auto (0 on the node)")
 
 
 def test_full_trace_is_stored_then_found_with_cpu_donors_and_a_report_naming_the_match(cache):

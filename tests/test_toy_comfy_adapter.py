@@ -12,7 +12,7 @@ from comfyui_chai.opensora.loading import CheckpointError, read_checkpoint_heade
 from comfyui_chai.opensora.schedule import uniform_flow_sigmas
 from comfyui_chai.opensora.stdit3 import STDiT3
 from comfyui_chai.toyworld import latent as toy_latent
-from comfyui_chai.toyworld.comfy_adapter import FPS, decode_frames, empty_latent, prompt_conditioning
+from comfyui_chai.toyworld.comfy_adapter import FPS, PLAYBACK_FPS, decode_frames, empty_latent, prompt_conditioning
 from comfyui_chai.toyworld.model import ToyVideoSpec, default_weights, toy_config, toy_sigmas, toy_text_encoder
 
 PROMPT = "a red ball bouncing across a sunny beach"
@@ -45,6 +45,7 @@ def test_decode_frames_are_nearest_upscaled_decoded_clips():
     assert torch.equal(frames[9, 8 * 3 + 7, 8 * 5 + 2], clips[1, 1, 3, 5])  # a whole 8x8 block per pixel
     assert torch.equal(decode_frames(z, 1), clips.reshape(16, 16, 16, 3))
     assert FPS == 24.0
+    assert PLAYBACK_FPS == 8.0  # a watchable second per 8-frame clip, not a third of one
     for bad in (0, 2.0, 1000):
         with pytest.raises(ValueError, match="upscale"):
             decode_frames(z, bad)

@@ -14,6 +14,7 @@ from comfyui_chai.toyworld.model import DEFAULT_CFG
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
+TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 SPECS = {kind: spec["widgets"] for kind, spec in SPEC_DOC.items()}
 NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v"]
 CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
@@ -24,7 +25,7 @@ CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sa
 
 
 def load(name: str) -> tuple[dict, dict]:
-    ui = json.loads((REPO / "workflows" / f"{name}.json").read_text())
+    ui = json.loads((REPO / "workflows" / f"{TEMPLATE_FILES[name]}.json").read_text())
     api = json.loads((REPO / "tests" / "workflows" / f"{name}_api.json").read_text())
     return ui, api
 
@@ -209,3 +210,37 @@ def test_workflow_files_are_what_the_generator_writes():
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_chai_workflows.py"), "--check"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+LOADERS = {"CHAI_OpenSoraModelLoader": "diffusion_models", "UNETLoader": "diffusion_models",
+           "CLIPLoader": "text_encoders", "CHAI_OpenSoraVAELoader": "vae", "VAELoader": "vae"}
+
+
+@pytest.mark.parametrize("name", ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup"])
+def test_every_model_loader_carries_its_file_folder_and_download_link_and_the_note_says_where_it_goes(name):
+    ui, _ = load(name)
+    note = next(n for n in ui["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
+    loaders = [n for n in ui["nodes"] if n["type"] in LOADERS]
+    assert loaders
+    for node in loaders:
+        (model,) = node["properties"]["models"]
+        # The frontend matches the entry to the widget by file name and downloads into models/<directory>.
+        assert model["name"] == node["widgets_values"][0], node["type"]
+        assert model["directory"] == LOADERS[node["type"]]
+        assert model["url"].startswith("https://huggingface.co/") and model["url"].endswith(".safetensors")
+        assert f"`{model['name']}` in `models/{model['directory']}/`" in note and model["url"] in note
+
+
+def test_the_toy_workflow_needs_no_download():
+    ui, _ = load("chai_toy_t2v")
+    assert not [n for n in ui["nodes"] if n.get("properties", {}).get("models")]
+
+
+def test_template_files_are_readable_titles_and_the_only_workflows_shipped():
+    # The template browser shows a custom node template's file name as its title and, with '-' and '_' as
+    # spaces, as its description: the names carry no '-' or '_' and say what the workflow does.
+    assert sorted(TEMPLATE_FILES) == sorted(NAMES)
+    assert sorted(p.stem for p in (REPO / "workflows").glob("*.json")) == sorted(TEMPLATE_FILES.values())
+    for title in TEMPLATE_FILES.values():
+        assert title.startswith("CHAI ") and "-" not in title and "_" not in title and len(title) <= 64
+    assert "any CPU" in TEMPLATE_FILES["chai_toy_t2v"] and "warm up" in TEMPLATE_FILES["chai_opensora_warmup"]

@@ -23,7 +23,10 @@ from .text import words
 
 DEFAULT_UPSCALE = NOMINAL_DOWNSCALE  # 16x16 frames -> 128x128, the nominal size the model was told
 MAX_UPSCALE = 64
-FPS = float(DEFAULT_FPS)
+FPS = float(DEFAULT_FPS)  # the frame rate the model was trained and conditioned at (nominal)
+# The rate the decoded clips are played at: 8 frames at the nominal 24 fps last a third of a second, too short
+# to see what moved; at 8 fps a clip lasts one second (and the workflow's animated preview loops it).
+PLAYBACK_FPS = 8.0
 MAX_BATCH = 64
 
 

@@ -152,19 +152,31 @@ def test_prune_to_a_lowered_budget_evicts_least_recently_used(comfy):
     assert sum(f.stat().st_size for f in files) <= 0.01 * 10**9
 
 
-@pytest.mark.parametrize("field, value, expected", [
-    ("policy", "fifo", "CHAI Cache: unknown eviction policy 'fifo'"),
-    ("embedder", "clip", "CHAI Cache: unknown embedder 'clip'"),
-])
-def test_unknown_open_choice_fails_with_the_choices_and_opens_nothing(comfy, field, value, expected):
-    # This ComfyUI does not check V3 combo values against their options; the node must.
+@pytest.mark.parametrize("field, value", [("policy", "fifo"), ("embedder", "clip")])
+def test_unknown_open_choice_is_refused_before_running_on_that_input_alone(comfy, field, value):
+    # A V3 combo is not checked by this ComfyUI; the pack's combos are typed with their options so it is.
     prompt = stats_prompt("tier2choice")
     prompt["1"]["inputs"][field] = value
     result = comfy.run(prompt)
-    assert result.valid and not result.success
-    assert result.error["node_id"] == "1"
-    assert result.error["exception_message"].startswith(expected)
+    assert not result.valid
+    (error,) = result.node_errors["1"]["errors"]
+    assert error["type"] == "value_not_in_list" and error["extra_info"]["input_name"] == field
+    assert f"'{value}' not in" in error["details"]
     assert not (comfy.cache_root / "tier2choice").exists()
+
+
+def test_every_chai_combo_is_checked_against_its_options_at_validation(comfy):
+    # Every enumeration of the pack is a combo that ComfyUI validates (the V1 form: the options are the type).
+    combos = 0
+    for node_id, cls in comfy.nodes.NODE_CLASS_MAPPINGS.items():
+        if not node_id.startswith("CHAI_"):
+            continue
+        inputs = cls.INPUT_TYPES()
+        for name, spec in {**inputs.get("required", {}), **inputs.get("optional", {})}.items():
+            if spec[0] == "COMBO" or isinstance(spec[0], list):
+                assert isinstance(spec[0], list) and spec[0] == spec[1]["options"], f"{node_id}.{name}"
+                combos += 1
+    assert combos >= 12
 
 
 def test_unknown_stats_action_is_refused_before_running(comfy):
@@ -172,7 +184,7 @@ def test_unknown_stats_action_is_refused_before_running(comfy):
     result = comfy.run(prompt)
     assert not result.valid
     (error,) = result.node_errors["2"]["errors"]
-    assert "unknown action 'delete'" in error["details"]
+    assert error["type"] == "value_not_in_list" and "'delete' not in" in error["details"]
     assert not (comfy.cache_root / "tier2action").exists()
 
 
@@ -180,3 +192,11 @@ def test_budget_below_the_minimum_is_refused(comfy):
     result = comfy.run(stats_prompt("tier2budget", budget_gb=0.001))
     assert not result.valid
     assert result.node_errors["1"]["errors"][0]["type"] == "value_smaller_than_min"
+
+
+def test_the_pack_serves_its_web_extension_that_shows_reports_on_the_nodes(comfy):
+    # ComfyUI serves WEB_DIRECTORY at /extensions/<pack>/; the frontend loads every .js file in it.
+    web = [Path(d) for name, d in comfy.nodes.EXTENSION_WEB_DIRS.items() if "ComfyUI-CHAI" in name]
+    assert len(web) == 1 and web[0].resolve() == (Path(__file__).resolve().parents[2] / "web").resolve()
+    script = (web[0] / "chai_reports.js").read_text()
+    assert 'registerExtension' in script and '"execution_cached"' in script and 'startsWith("CHAI_")' in script

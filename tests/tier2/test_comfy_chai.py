@@ -263,6 +263,10 @@ def test_miss_then_hit_on_a_shared_entity_and_the_hit_equals_the_reference(comfy
     miss = CAPTURED["miss"]
     assert CAPTURED["miss:lookup"]["text"].startswith("CHAI lookup: miss")
     assert "the cache is empty" in CAPTURED["miss:lookup"]["text"]
+    # The threshold widget's 0 is spelled out: the value in use and where it comes from.
+    assert "threshold 0.65 (auto (0 on the node): the embedder's calibrated value)" in CAPTURED["miss:lookup"]["text"]
+    lookup_inputs = comfy.nodes.NODE_CLASS_MAPPINGS["CHAI_CacheLookup"].INPUT_TYPES()["required"]
+    assert lookup_inputs["threshold"][1]["display_name"] == "threshold (0 = auto)"
     trace = miss["trace"]
     assert trace.mode == "full" and len(trace.sigmas) == 31 and trace.fired_steps == ()
     assert trace.donors is not None and len(trace.donors) == 3
@@ -611,7 +615,7 @@ def test_entities_embedded_with_the_workflow_text_encoder_never_mix_with_another
         embedder = CAPTURED["c0"]["entities"].embedder
         assert embedder.identity.startswith("fn:text-encoder:") and embedder.dim == CAPTION
         assert cache.store.stats().embedder == embedder.identity
-        assert "threshold 0.85" in CAPTURED["c0:lookup"]["text"]
+        assert "threshold 0.85 (auto (0 on the node): the text encoder's provisional value)" in CAPTURED["c0:lookup"]["text"]
         run_ok(comfy, graph | {"clip": {"class_type": "CHAI_Test_TinyClip", "inputs": {"seed": 1}},
                                "cond": {"class_type": "CHAI_Test_Cond",
                                         "inputs": {"prompt": DOG_PARK, "neg_length": 0}},

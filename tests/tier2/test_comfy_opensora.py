@@ -114,11 +114,12 @@ def env(comfy, tmp_path_factory) -> dict[str, Any]:
     mappings.pop("CHAI_Test_TinyT5", None)
 
 
-def run_ok(comfy, prompt: dict) -> None:
-    """Run a prompt and fail with ComfyUI's message when it does not succeed."""
+def run_ok(comfy, prompt: dict):
+    """Run a prompt and fail with ComfyUI's message when it does not succeed; the run's result."""
     result = comfy.run(prompt)
     assert result.valid, (result.validation_error, result.node_errors)
     assert result.success, result.error
+    return result
 
 
 def loader(dtype: str = "fp32", name: str = TINY_FILE) -> dict:
@@ -264,7 +265,12 @@ def test_empty_latent_frame_presets_custom_size_fps_and_batch(comfy, env):
         prompt[f"c{i}"] = capture(f"frames|{label}", latent=[f"l{i}", 0])
     prompt["lc"] = empty_latent("custom", frames="custom", custom=(100, 60, 35), fps=12.5)
     prompt["cc"] = capture("custom-size", latent=["lc", 0])
-    run_ok(comfy, prompt)
+    result = run_ok(comfy, prompt)
+    # The node says what it made, and that a size off the VAE's 8-pixel grid decodes floored (100x60 -> 96x56).
+    (status,) = result.outputs["lc"]["text"]
+    assert status == "100x60 px, 35 frames at 12.5 fps -> latent [1, 4, 11, 12, 7]; decodes to 96x56 px", status
+    (status,) = result.outputs["l0"]["text"]
+    assert "decodes" not in status and status.startswith("192x192 px, ")
     expected_t = {"image (1 frame)": (1, 1), "2s (51 frames)": (51, 15), "4s (102 frames)": (102, 30),
                   "8s (204 frames)": (204, 60), "16s (408 frames)": (408, 120), "custom": (35, 11)}
     for label in labels:
@@ -322,7 +328,12 @@ def test_text_encode_cleans_truncates_and_returns_the_null_caption(comfy, env):
               "c1": capture("enc", conditioning=["text", 0], negative=["text", 1], text=["text", 2],
                             model=["model", 0]),
               "c2": capture("enc-long", conditioning=["long", 0], negative=["long", 1])}
-    run_ok(comfy, prompt)
+    result = run_ok(comfy, prompt)
+    # The cut is reported on the node, not only in the server log.
+    (status,) = result.outputs["long"]["text"]
+    assert status.startswith("prompt cut: 300 of ") and "T5 tokens kept (OpenSora reads 300)" in status, status
+    (status,) = result.outputs["text"]["text"]
+    assert status.endswith(" T5 tokens") and "cut" not in status
     got = CAPTURED["enc"]
     assert got["text"] == captions.prepare_caption(PROMPT)
     assert "(" not in got["text"] and "https" not in got["text"] and got["text"].endswith("aesthetic score: 6.5.")

@@ -102,7 +102,7 @@ def combo_options(spec: tuple) -> list:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def test_toy_nodes_registered_and_the_shipped_weights_listed_after_the_users_folders(comfy, env):
+def test_toy_nodes_registered_and_the_shipped_weights_listed_by_the_chai_loader_only(comfy, env):
     assert not [line for line in comfy.load_log if "Cannot import" in line and "ComfyUI-CHAI" in line]
     mappings = comfy.nodes.NODE_CLASS_MAPPINGS
     for node_id, display in NODES.items():
@@ -114,14 +114,21 @@ def test_toy_nodes_registered_and_the_shipped_weights_listed_after_the_users_fol
     assert tuple(mappings["CHAI_ToyTextEncode"].RETURN_TYPES) == ("CONDITIONING", "CONDITIONING")
     assert tuple(mappings["CHAI_ToyDecode"].RETURN_TYPES) == ("IMAGE", "FLOAT")
     fp = comfy.folder_paths
-    assert TOY_FILE in fp.get_filename_list("diffusion_models")
-    assert TOY_FILE in combo_options(mappings["CHAI_OpenSoraModelLoader"].INPUT_TYPES()["required"]["model_name"])
-    folders = [Path(p).resolve() for p in fp.get_folder_paths("diffusion_models")]
+    # Core loaders read diffusion_models: the toy weights are not there (UNETLoader would fail on them).
+    assert TOY_FILE not in fp.get_filename_list("diffusion_models"), fp.get_folder_paths("diffusion_models")
     toy_dir = env["path"].resolve().parent
-    assert folders.count(toy_dir) == 1
-    models_dir = Path(fp.models_dir).resolve()
-    assert all(folders.index(toy_dir) > i for i, f in enumerate(folders) if f.is_relative_to(models_dir))
-    assert Path(fp.get_full_path("diffusion_models", TOY_FILE)).resolve() == env["path"].resolve()
+    assert toy_dir not in [Path(p).resolve() for p in fp.get_folder_paths("diffusion_models")]
+    assert TOY_FILE not in combo_options(mappings["UNETLoader"].INPUT_TYPES()["required"]["unet_name"])
+    result = comfy.run({"unet": {"class_type": "UNETLoader",
+                                 "inputs": {"unet_name": TOY_FILE, "weight_dtype": "default"}},
+                        "cap": capture("unet", model=["unet", 0])})
+    assert not result.valid and "unet_name" in str(result.node_errors)
+    # The CHAI loader lists them after the user's files and loads them from the pack's folder.
+    options = combo_options(mappings["CHAI_OpenSoraModelLoader"].INPUT_TYPES()["required"]["model_name"])
+    assert options[-1] == TOY_FILE and options.count(TOY_FILE) == 1
+    paths = comfy.pack_module("nodes.paths")
+    assert Path(paths.loader_model_path(TOY_FILE)).resolve() == env["path"].resolve()
+    assert paths.loader_model_path("no-such-file.safetensors") is None
 
 
 def test_loaded_toy_model_samples_with_its_own_shift_video_and_schedule(comfy, env):
@@ -178,7 +185,7 @@ def test_toy_text_encode_latent_and_decode(comfy, env):
     assert neg.shape == pos.shape and torch.equal(neg[0], table[:8].float())
     assert tuple(got["latent"]["samples"].shape) == (2, 4, 8, 16, 16) and not got["latent"]["samples"].any()
     images = got["images"]
-    assert images.shape == (16, 128, 128, 3) and got["fps"] == 24.0
+    assert images.shape == (16, 128, 128, 3) and got["fps"] == 8.0  # playback rate: one second per clip
     assert torch.allclose(images, torch.full_like(images, 0.5), atol=1e-6)  # latent 0 is mid-grey
 
 
@@ -218,9 +225,24 @@ def _saved_video(comfy, result, save_id: str) -> Path:
     path = Path(comfy.folder_paths.get_output_directory()) / saved["subfolder"] / saved["filename"]
     assert path.is_file() and path.stat().st_size > 0 and saved["type"] == "output"
     with av.open(str(path)) as container:
+        rate = container.streams.video[0].average_rate
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
     assert len(frames) == 8 and frames[0].shape == (128, 128, 3)
+    assert float(rate) == 8.0  # one second per clip, not a third of one
     return path
+
+
+def _looping_preview(comfy, result, webp_id: str) -> None:
+    """The animated WEBP the workflow saves: 8 frames, 125 ms each, looping forever."""
+    from PIL import Image
+
+    (saved,) = result.outputs[webp_id]["images"]
+    path = Path(comfy.folder_paths.get_output_directory()) / saved["subfolder"] / saved["filename"]
+    with Image.open(path) as im:
+        assert im.n_frames == 8 and im.info["loop"] == 0  # 0: loop forever
+        im.seek(1)
+        im.load()
+        assert im.info["duration"] == 125  # ms per frame: 8 fps
 
 
 def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(comfy, env):
@@ -231,10 +253,14 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     first = run_ok(comfy, api)
     got = CAPTURED["wf"]
     assert not got["hit"].hit and got["trace"].mode == "full" and len(got["trace"].sigmas) == 31
-    assert got["fps"] == 24.0 and got["images"].shape == (8, 128, 128, 3)
+    assert got["fps"] == 8.0 and got["images"].shape == (8, 128, 128, 3)
     assert CAPTURED["wf:write"]["text"].startswith("CHAI cache write: stored entry ")
     assert "\ncache: 1 entries, " in CAPTURED["wf:write"]["text"]
+    # Stats run after the write (its report is their input), so they already count the new entry.
+    (stats,) = first.outputs[ids["CHAI_CacheStats"]]["text"]
+    assert "entries: 1" in stats and repr(MISS_PROMPT) in stats, stats
     miss_video = _saved_video(comfy, first, ids["SaveVideo"])
+    _looping_preview(comfy, first, ids["SaveAnimatedWEBP"])
     # A miss is plain sampling: the reference sampler with the workflow's seed and cfg, 30 steps.
     seed, cfg = (api[ids["CHAI_Sampler"]]["inputs"][k] for k in ("seed", "cfg"))
     frames = got["images"][:, ::8, ::8].numpy()
@@ -252,3 +278,91 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     assert hit_video != miss_video
     found = detect.detect(got["images"][:, ::8, ::8].numpy())
     assert (found.scene, found.colour, found.motion) == ("beach", "blue", "left"), found
+
+
+class _StatusRecorder:
+    """Stands in for PromptServer.instance: records the progress texts (node statuses) sent to the canvas."""
+
+    def __init__(self) -> None:
+        self.texts: list[tuple[str, str]] = []
+
+    def send_progress_text(self, text: str, node_id: str, sid: Any = None) -> None:
+        self.texts.append((str(node_id), text))
+
+    def of(self, node_id: str) -> list[str]:
+        return [text for nid, text in self.texts if nid == node_id]
+
+
+@pytest.fixture
+def statuses(comfy):
+    import server
+
+    had = hasattr(server.PromptServer, "instance")
+    old = getattr(server.PromptServer, "instance", None)
+    recorder = _StatusRecorder()
+    server.PromptServer.instance = recorder
+    yield recorder
+    if had:
+        server.PromptServer.instance = old
+    else:
+        del server.PromptServer.instance
+
+
+def _ui_text(result, node_id: str) -> str:
+    (text,) = result.outputs[node_id]["text"]
+    return text
+
+
+def test_each_chai_node_shows_a_status_line_and_its_report_after_a_run(comfy, env, statuses):
+    cache = f"toyworld-status-{uuid.uuid4().hex[:8]}"
+    api, ids = _workflow(cache, MISS_PROMPT)
+    first = run_ok(comfy, api)
+    lookup, sampler, write, stats = (ids[k] for k in ("CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
+                                                      "CHAI_CacheStats"))
+    assert statuses.of(lookup) == ["MISS · the cache is empty"], statuses.texts
+    (status,) = statuses.of(sampler)
+    assert status.startswith("MISS · 30 steps · ") and status.endswith(" s"), status
+    assert statuses.of(write) == ["stored · 1 entries"]
+    assert statuses.of(stats)[0].startswith("1 entries · ")
+    (status,) = statuses.of(ids["CHAI_EntityExtract"])
+    assert status.startswith("entities: ") and "beach" in status, status
+    # The text UI output (history, and the pack's web extension on the node): the status, then the report.
+    for node_id in (lookup, sampler, write, stats):
+        assert _ui_text(first, node_id).split("\n")[0] == statuses.of(node_id)[0]
+    assert "CHAI lookup: miss" in _ui_text(first, lookup)
+
+    statuses.texts.clear()
+    api, _ = _workflow(cache, HIT_PROMPT)
+    run_ok(comfy, api)
+    (status,) = statuses.of(lookup)
+    assert status.startswith("HIT ") and "beach" in status and "donor #" in status, status
+    (status,) = statuses.of(sampler)
+    assert status.startswith("HIT ") and " · 8 steps · " in status, status
+    assert statuses.of(write) == ["nothing stored (fast run) · 1 entries"]
+
+
+def test_a_cut_prompt_is_reported_on_the_toy_text_encoder(comfy, env, statuses):
+    long_prompt = " ".join(["a red ball bouncing across a sunny beach"] * 5)  # 40 words
+    graph = toy_graph(long_prompt)
+    graph["cap"] = capture("cut", positive=["text", 0])
+    result = run_ok(comfy, graph)
+    (status,) = statuses.of("text")
+    assert status.startswith("prompt cut: only the first 20 of 40 words are read"), status
+    assert _ui_text(result, "text") == status
+    run_ok(comfy, toy_graph(MISS_PROMPT) | {"cap": capture("short", positive=["text", 0])})
+    assert statuses.of("text")[-1] == "8 words encoded"
+
+
+def test_the_same_prompt_queued_again_hits_its_own_entry_and_then_comes_from_comfys_cache(comfy, env, statuses):
+    cache = f"toyworld-same-{uuid.uuid4().hex[:8]}"
+    api, ids = _workflow(cache, MISS_PROMPT)
+    run_ok(comfy, api)
+    second = run_ok(comfy, api)
+    lookup, sampler = ids["CHAI_CacheLookup"], ids["CHAI_Sampler"]
+    assert CAPTURED["wf"]["hit"].hit and CAPTURED["wf"]["trace"].mode == "fast"
+    assert "same prompt as its donor" in statuses.of(lookup)[-1]
+    assert "note: this prompt is already in the cache" in _ui_text(second, lookup)
+    # Nothing changed (the API twin's seed is fixed): ComfyUI serves the sampler from its output cache.
+    third = run_ok(comfy, api)
+    (cached,) = third.events("execution_cached")
+    assert sampler in cached["nodes"], cached

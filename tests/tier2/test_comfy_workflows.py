@@ -15,6 +15,7 @@ from workflow_api import ui_to_api, widget_layout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
+TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v"]
 FILE_INPUTS = {"model_name", "clip_name", "vae_name", "unet_name"}
 
@@ -37,7 +38,7 @@ def test_node_specs_match_the_live_node_definitions(comfy):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_ui_workflow_converted_with_live_definitions_equals_the_twin(comfy, name):
-    ui = json.loads((REPO / "workflows" / f"{name}.json").read_text())
+    ui = json.loads((REPO / "workflows" / f"{TEMPLATE_FILES[name]}.json").read_text())
     api = json.loads((REPO / "tests" / "workflows" / f"{name}_api.json").read_text())
     kinds = {n["type"] for n in ui["nodes"]}
     specs = {k: live_spec(comfy, k)["widgets"] for k in kinds if k in comfy.nodes.NODE_CLASS_MAPPINGS}
@@ -68,7 +69,7 @@ def test_workflows_are_listed_by_the_template_browser(comfy):
     handler = next(r.handler for r in routes if getattr(r, "path", None) == "/workflow_templates")
     response = comfy.loop.run_until_complete(handler(None))
     listed = json.loads(response.body)
-    assert sorted(listed["ComfyUI-CHAI"]) == sorted(NAMES)
+    assert sorted(listed["ComfyUI-CHAI"]) == sorted(TEMPLATE_FILES[name] for name in NAMES)
 
 
 def test_converter_handles_a_workflow_saved_by_the_real_frontend(comfy):
@@ -87,3 +88,37 @@ def test_converter_handles_a_workflow_saved_by_the_real_frontend(comfy):
     problems = [(e["type"], e.get("extra_info", {}).get("input_name"))
                 for info in node_errors.values() for e in info["errors"]]
     assert problems and all(kind == "value_not_in_list" and field in FILE_INPUTS for kind, field in problems), problems
+
+
+def test_template_browser_finds_a_thumbnail_per_workflow_and_the_category_title(comfy):
+    """The frontend asks /api/workflow_templates/<pack>/<name>.jpg; ComfyUI serves the pack's workflows/ there,
+    and its /i18n handler carries the pack's category title."""
+    from aiohttp import web
+
+    from app.custom_node_manager import CustomNodeManager
+
+    app = web.Application()
+    routes = web.RouteTableDef()
+    CustomNodeManager().add_routes(routes, app, [("ComfyUI-CHAI", str(REPO))])
+    statics = {r.canonical: Path(r.get_info()["directory"]) for r in app.router.resources()
+               if isinstance(r, web.StaticResource)}
+    folder = statics["/api/workflow_templates/ComfyUI-CHAI"]
+    for name in NAMES:
+        title = TEMPLATE_FILES[name]
+        assert (folder / f"{title}.jpg").is_file() and (folder / f"{title}.json").is_file(), title
+    # The frontend requests the picture by its (URL-quoted) name: spaces, commas and brackets must be served.
+    from urllib.parse import quote
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    async def fetch(path: str) -> tuple[int, str, int]:
+        async with TestClient(TestServer(app)) as client:
+            response = await client.get(path)
+            return response.status, response.content_type, len(await response.read())
+
+    for name in NAMES:
+        status, kind, size = comfy.loop.run_until_complete(
+            fetch(f"/api/workflow_templates/ComfyUI-CHAI/{quote(TEMPLATE_FILES[name])}.jpg"))
+        assert (status, kind) == (200, "image/jpeg") and size > 10_000, (name, status, kind)
+    titles = CustomNodeManager().build_translations()["en"]["templateWorkflows"]["category"]
+    assert titles["ComfyUI-CHAI"] == "CHAI Cache Attention"

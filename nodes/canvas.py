@@ -1,0 +1,40 @@
+"""What a CHAI node shows on the ComfyUI canvas after it runs: a one-line status and its report text.
+
+The status goes to the node as ComfyUI's progress text (the frontend shows it on the node, no extension
+needed) and leads the node's text UI output (kept in the history; the pack's web extension shows the whole
+text on the node and marks a report that ComfyUI served from its output cache).
+"""
+from __future__ import annotations
+
+import logging
+
+from comfy_api.latest import ui
+
+log = logging.getLogger(__name__)
+
+
+def send_status(status: str) -> bool:
+    """Show `status` on the running node (ComfyUI's progress text); False when there is no server to tell."""
+    from .cache_nodes import executing_node_id
+
+    node_id = executing_node_id()
+    try:
+        from server import PromptServer
+    except ImportError:
+        return False
+    server = getattr(PromptServer, "instance", None)
+    send = getattr(server, "send_progress_text", None)
+    if send is None or node_id == "?":
+        return False
+    try:
+        send(status, node_id)
+    except Exception as exc:  # a status is a courtesy: never fail a run over it
+        log.debug("[CHAI] status not sent: %s", exc)
+        return False
+    return True
+
+
+def show(status: str, report: str | None = None) -> ui.PreviewText:
+    """Send the status and return the node's text UI output: the status line, then the report."""
+    send_status(status)
+    return ui.PreviewText(status if not report else f"{status}\n{report}")

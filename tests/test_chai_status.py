@@ -1,0 +1,44 @@
+"""The one-line statuses the CHAI nodes show on the canvas (chai_attention.status)."""
+from __future__ import annotations
+
+from comfyui_chai.chai_attention.constants import FAST, FULL
+from comfyui_chai.chai_attention.payloads import CacheHit, ChaiReport
+from comfyui_chai.chai_attention.status import (lookup_status, same_prompt, same_prompt_note, sampler_status,
+                                                write_status)
+
+
+def _hit(hit: bool, prompt: str = "a dog on a sunny beach", donor: str | None = "a cat on a sunny beach",
+         reason: str = "shared entities") -> CacheHit:
+    return CacheHit(hit, reason, "", "fp", (1, 4, 2, 2, 2), 0.65, prompt=prompt, entry_id=3 if hit else None,
+                    donor_prompt=donor if hit else None,
+                    matches=(("dog", "cat", 0.4), ("sunny beach", "sunny beach", 1.0)) if hit else ())
+
+
+def test_lookup_status_names_the_best_match_or_the_miss_reason():
+    assert lookup_status(_hit(True)) == "HIT sunny beach 1.00 · donor #3"
+    assert lookup_status(_hit(False, reason="the cache is empty")) == "MISS · the cache is empty"
+    long = lookup_status(_hit(False, reason="x" * 200))
+    assert long.startswith("MISS · x") and long.endswith("...") and len(long) < 80
+
+
+def test_a_prompt_that_hits_its_own_entry_is_explained():
+    own = _hit(True, donor="a dog on a sunny beach ")
+    assert same_prompt(own) and not same_prompt(_hit(True)) and not same_prompt(_hit(False))
+    assert "same prompt as its donor" in lookup_status(own)
+    assert "it does not replay" in same_prompt_note(own) and same_prompt_note(_hit(True)) == ""
+
+
+def test_sampler_status_gives_mode_steps_and_time():
+    fast = ChaiReport("p", FAST, 8, matches=(("beach", "sunny beach", 0.91),), timings={"total": 0.3421})
+    assert sampler_status(fast) == "HIT sunny beach 0.91 · 8 steps · 0.34 s"
+    full = ChaiReport("p", FULL, 30, timings={"sample": 1.5})
+    assert sampler_status(full) == "MISS · 30 steps · 1.50 s"
+    unusable = ChaiReport("p", FULL, 30, reason="the cached entry could not be used (shape)")
+    assert sampler_status(unusable) == "MISS · 30 steps · hit unusable, ran in full"
+
+
+def test_write_status_says_whether_anything_was_stored():
+    assert write_status(True, "stored entry 4", 4) == "stored · 4 entries"
+    assert write_status(False, "fast run: nothing stored (only full runs are)", 4) == \
+        "nothing stored (fast run) · 4 entries"
+    assert write_status(False, "not stored: too large", 0).startswith("not stored: too large · 0 entries")
