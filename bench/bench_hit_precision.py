@@ -17,22 +17,9 @@ import time
 
 
 from bench._common import table
-from bench.hit_labels import Pair, agreement, load_pairs, score
+from bench.hit_labels import Pair, agreement, embed_all, load_pairs, score
 
 THRESHOLDS = (0.6, 0.65, 0.7, 0.75, 0.8)
-
-
-def embed_all(prompts: list[str]):
-    """Entities with roles and vectors, and whole-prompt vectors, for every distinct prompt."""
-    from comfyui_chai.cache_store.embedders import get_embedder
-    from comfyui_chai.cache_store.entities import EntityExtractor
-
-    extractor, embedder = EntityExtractor(), get_embedder("minilm")
-    ents = dict(zip(prompts, extractor.extract_many(prompts)))
-    texts = sorted({t for es in ents.values() for e in es for t in (e.text, e.core or e.head)})
-    vec = dict(zip(texts, embedder.embed(texts))) if texts else {}
-    whole = dict(zip(prompts, embedder.embed(prompts)))
-    return ents, vec, whole
 
 
 def rules(ents, vec, whole, threshold: float):
@@ -48,7 +35,7 @@ def rules(ents, vec, whole, threshold: float):
         return float(vec[q.text] @ vec[d.text])
 
     def core_sim(q, d):
-        return float(vec[q.core or q.head] @ vec[d.core or d.head])
+        return float(vec[q.identity] @ vec[d.identity])
 
     return {
         "any entity (no roles)": lambda p: any(float(vec[q.text] @ vec[d.text]) >= threshold
@@ -70,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(pairs)} labelled pairs; labellers A/B agree exactly on {exact:.1%} of {n}, on 'main or not' "
           f"on {main:.1%}; labels 0/1/2: {[sum(p.label == k for p in pairs) for k in (0, 1, 2)]}")
     t0 = time.perf_counter()
-    ents, vec, whole = embed_all(sorted({p.request for p in pairs} | {p.donor for p in pairs}))
+    ents, vec, whole = embed_all([p.request for p in pairs] + [p.donor for p in pairs])
     print(f"extracted and embedded {len(ents)} prompts in {time.perf_counter() - t0:.1f} s")
     splits = ("calib", "heldout") if args.split == "both" else (args.split,)
     rows = []

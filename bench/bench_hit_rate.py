@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     extractor = EntityExtractor()
     ents_default = extractor.extract_many(prompts)
     ents_nostop = EntityExtractor(stop_entities=StopEntities.empty()).extract_many(prompts)
-    phrases = sorted({e.core or e.head for es in ents_default + ents_nostop for e in es})
+    phrases = sorted({e.identity for es in ents_default + ents_nostop for e in es})
     log(f"embedding {len(phrases)} distinct entity phrases and {len(set(prompts))} whole prompts "
         f"({embedder.identity})")
     vec_of = dict(zip(phrases, embedder.embed(phrases)))
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def embedded(ents: list) -> EmbeddedEntities:
         # the store's own embedding: what each thing is (ChaiCache.embed_entities)
-        vecs = (np.stack([vec_of[e.core or e.head] for e in ents]) if ents
+        vecs = (np.stack([vec_of[e.identity] for e in ents]) if ents
                 else np.zeros((0, embedder.dim), np.float32))
         return EmbeddedEntities(tuple(ents), vecs, embedder.identity)
 

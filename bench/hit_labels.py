@@ -112,24 +112,33 @@ def agreement(data: Path = DATA) -> tuple[int, float, float]:
     return len(both), exact, main
 
 
-def rule_accepts(pairs: Iterable[Pair]) -> Callable[[float], Callable[[Pair], bool]]:
-    """threshold -> accepts(pair) under the pack's hit rule, on entities extracted and embedded once."""
+def embed_all(prompts: Iterable[str]) -> tuple[dict, dict, dict]:
+    """(prompt -> entities with roles, text -> vector for every entity's text and identity, prompt -> vector of
+    the whole prompt), extracted and embedded once for every distinct prompt."""
     from comfyui_chai.cache_store.embedders import get_embedder
     from comfyui_chai.cache_store.entities import EntityExtractor
+
+    prompts = sorted(set(prompts))
+    embedder = get_embedder("minilm")
+    ents = dict(zip(prompts, EntityExtractor().extract_many(prompts)))
+    texts = sorted({t for es in ents.values() for e in es for t in (e.text, e.identity)})
+    vec = dict(zip(texts, embedder.embed(texts))) if texts else {}
+    whole = dict(zip(prompts, embedder.embed(prompts))) if prompts else {}
+    return ents, vec, whole
+
+
+def rule_accepts(pairs: Iterable[Pair]) -> Callable[[float], Callable[[Pair], bool]]:
+    """threshold -> accepts(pair) under the pack's hit rule, on entities extracted and embedded once."""
     from comfyui_chai.cache_store.hit_rule import HitRule
 
     pairs = list(pairs)
-    prompts = sorted({p.request for p in pairs} | {p.donor for p in pairs})
-    embedder = get_embedder("minilm")
-    ents = dict(zip(prompts, EntityExtractor().extract_many(prompts)))
-    keys = sorted({e.core or e.head for es in ents.values() for e in es})
-    vec = dict(zip(keys, embedder.embed(keys))) if keys else {}
+    ents, vec, _ = embed_all([p.request for p in pairs] + [p.donor for p in pairs])
 
     def at(threshold: float) -> Callable[[Pair], bool]:
         rule = HitRule(threshold)
 
         def accepts(p: Pair) -> bool:
-            return any(rule.accepts(q, d, float(vec[q.core or q.head] @ vec[d.core or d.head]))
+            return any(rule.accepts(q, d, float(vec[q.identity] @ vec[d.identity]))
                        for q in ents[p.request] for d in ents[p.donor])
         return accepts
 

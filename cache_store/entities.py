@@ -77,6 +77,11 @@ class Entity:
     role: str = MAIN  # the extractor always sets it; a hand-made entity may carry a hit
     core: str = ""  # what the thing is: the head with the nouns compounded onto it ("sea lion"); '' = the head
 
+    @property
+    def identity(self) -> str:
+        """What the thing is, the text its vector is made of: its core, else its head."""
+        return self.core or self.head
+
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"Entity.kind must be one of {KINDS}, got {self.kind!r}")

@@ -44,7 +44,7 @@ class HitRule:
             if query.head in _modifiers(stored) or stored.head in _modifiers(query):
                 return False
         if query.head == stored.head and query.kind == stored.kind == "object" and query.head not in GENERIC_PEOPLE:
-            if (query.core or query.head) != (stored.core or stored.head):
+            if query.identity != stored.identity:
                 return similarity >= self.identity_threshold
         return True
 

@@ -23,6 +23,11 @@ class StoredEntity:
     head: str
     core: str
 
+    @property
+    def identity(self) -> str:
+        """What the thing is (as `Entity.identity`)."""
+        return self.core or self.head
+
 
 def stored_entities(manifest: Manifest, ids: Sequence[int]) -> dict[int, StoredEntity]:
     """Manifest rows of these entity ids."""
@@ -41,7 +46,7 @@ def borrowable(manifest: Manifest, entities: EmbeddedEntities, matched: list[tup
                rule: HitRule) -> list[tuple[int, int, float]]:
     """The matches that may carry a hit: the request's main subject or scene naming the same kind of thing as
     the stored entity (whose role in each entry the ranking checks)."""
-    query_ok = [q for q, e in enumerate(entities.entities) if getattr(e, "role", "main") in rule.roles]
+    query_ok = {q for q, e in enumerate(entities.entities) if e.role in rule.roles}
     candidates = [m for m in matched if m[0] in query_ok]
     stored = stored_entities(manifest, [eid for _, eid, _ in candidates])
     return [(q, eid, sim) for q, eid, sim in candidates
@@ -77,7 +82,7 @@ def matches_for(manifest: Manifest, entry_id: int, entities: EmbeddedEntities,
         if eid in held and sim > best.get(q, (-2.0, "", ""))[0]:
             best[q] = (sim, *held[eid])
     return [Match(entities.entities[q].text, text, sim,
-                  matched_role(getattr(entities.entities[q], "role", "main"), role))
+                  matched_role(entities.entities[q].role, role))
             for q, (sim, text, role) in sorted(best.items())]
 
 def entity_texts(manifest: Manifest, ids: Sequence[int]) -> dict[int, str]:
@@ -104,7 +109,7 @@ def secondary_reason(manifest: Manifest, entities: EmbeddedEntities, matched: li
     q, eid, sim = max(matched, key=lambda m: m[2])
     stored = stored_entities(manifest, [eid]).get(eid)
     text = stored.text if stored else "?"
-    role = getattr(entities.entities[q], "role", "main")
+    role = entities.entities[q].role
     why = (f"'{entities.entities[q].text}' is a secondary element of this prompt" if role not in ("main", "scene")
            else f"'{text}' is a secondary element of the cached prompts, or names another kind of thing")
     return (f"entries share only secondary elements or look-alike words ('{entities.entities[q].text}'~'{text}' "

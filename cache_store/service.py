@@ -89,8 +89,7 @@ class ChaiCache:
 
         emb = embedder or self.embedder
         # Vectors of what each thing is (its core: "sports car" for "red sports car"), so looks do not count.
-        keys = [getattr(e, "core", "") or getattr(e, "head", "") or e.text for e in entities]
-        vectors = emb.embed(keys) if entities else np.zeros((0, emb.dim), np.float32)
+        vectors = emb.embed([e.identity for e in entities]) if entities else np.zeros((0, emb.dim), np.float32)
         return EmbeddedEntities(tuple(entities), vectors, emb.identity)
 
     def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int],

@@ -134,8 +134,7 @@ class CacheStore:
         tensors = dict(latents)
         if not tensors:
             raise InvalidEntryError("an entry needs at least one latent tensor")
-        rows = [(e.text, e.kind, getattr(e, "role", "main"), getattr(e, "head", ""), getattr(e, "core", ""))
-                for e in entities.entities]
+        rows = [(e.text, e.kind, e.role, e.head, e.core) for e in entities.entities]
         record = check_record(encodable_text(prompt or ""), rows,
                               entities.vectors, entities.embedder, fingerprint, tensors, sigmas, shape, meta)
         payload = {"prompt": record.prompt, "fingerprint": record.fingerprint, "shape": list(record.shape),
