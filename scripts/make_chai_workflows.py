@@ -142,36 +142,44 @@ class UIGraph:
         return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfyui-chai/{self.name}")), "revision": 0,
                 "last_node_id": len(self.nodes), "last_link_id": len(self.links), "nodes": self.nodes,
                 "links": self.links, "groups": [], "config": {},
-                "extra": {"ds": {"scale": 0.75, "offset": [40, 40]}, "frontendVersion": FRONTEND_VERSION},
+                "extra": {"ds": {"scale": 0.6, "offset": [480, 40]}, "frontendVersion": FRONTEND_VERSION},
                 "version": 0.4}
+
+
+# The CHAI nodes sit in three columns from x: cache and entities, lookup and sampler, write and stats. Each node
+# is tall enough for its widgets plus the status line and the report box the pack's web extension adds after a
+# run, and the columns leave room for them, so reports never hide under another node.
+CHAI_COLUMNS = (0, 360, 780)
+OUT_X, SAVE_X = 1640, 2000  # decode and video columns of the t2v workflows (chai_nodes at x=440)
 
 
 def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], negative: tuple[int, int],
                prompt: int, *, cache_name: str, cfg: float, sampler: str, scheduler: str, x: int,
                with_lookup: bool = True) -> int:
     """Cache, entity extract, (lookup,) CHAI sampler and write; returns the sampler's node id."""
-    cache = g.node("CHAI_CacheOpen", (x, 40), [cache_name, 2.0, "lru", "minilm"], size=(300, 140))
-    ents = g.node("CHAI_EntityExtract", (x, 220), [""], size=(300, 120))
+    a, b, c = (x + dx for dx in CHAI_COLUMNS)
+    cache = g.node("CHAI_CacheOpen", (a, 40), [cache_name, 2.0, "lru", "minilm"], size=(320, 300))
+    ents = g.node("CHAI_EntityExtract", (a, 380), [""], size=(320, 240))
     g.link(prompt, 0, ents, "prompt")
-    sampler_id = g.node("CHAI_Sampler", (x + 340, 300),
+    sampler_id = g.node("CHAI_Sampler", (b, 460 if with_lookup else 40),
                         [42, "randomize", cfg, sampler, scheduler, 30, 8, "2,3,4", "replace", "cond"],
-                        size=(340, 420))
+                        size=(380, 660))
     for name, (src, slot) in (("model", (model, 0)), ("positive", positive), ("negative", negative),
                               ("latent", (latent, 0))):
         g.link(src, slot, sampler_id, name)
     if with_lookup:
-        lookup = g.node("CHAI_CacheLookup", (x + 340, 40), [0.0], size=(340, 200))
+        lookup = g.node("CHAI_CacheLookup", (b, 40), [0.0], size=(380, 380))
         g.link(cache, 0, lookup, "cache")
         g.link(ents, 0, lookup, "entities")
         g.link(model, 0, lookup, "model")
         g.link(latent, 0, lookup, "latent")
         g.link(lookup, 0, sampler_id, "hit")
-    write = g.node("CHAI_CacheWrite", (x + 720, 40), [], size=(340, 160))
+    write = g.node("CHAI_CacheWrite", (c, 40), [], size=(380, 300))
     g.link(cache, 0, write, "cache")
     g.link(ents, 0, write, "entities")
     g.link(sampler_id, 1, write, "trace")
     # Stats take the write's report as input, so ComfyUI runs them after the write (and once after a prompt list).
-    stats = g.node("CHAI_CacheStats", (x + 720, 240), ["show"], size=(340, 220))
+    stats = g.node("CHAI_CacheStats", (c, 380), ["show"], size=(380, 400))
     g.link(cache, 0, stats, "cache")
     g.link(write, 0, stats, "after")
     return sampler_id
@@ -180,11 +188,11 @@ def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], n
 def save_video(g: UIGraph, decode: int, video_y: int, fps: float, prefix: str,
                save_size: tuple[int, int] = (480, 520), fps_from_decode: bool = True) -> None:
     """Decoded frames -> CreateVideo -> SaveVideo (output/video/<prefix>), the tail every t2v workflow shares."""
-    video = g.node("CreateVideo", (1160, video_y), [fps], size=(300, 100))
+    video = g.node("CreateVideo", (OUT_X, video_y), [fps], size=(300, 100))
     g.link(decode, 0, video, "images")
     if fps_from_decode:
         g.link(decode, 1, video, "fps")
-    save = g.node("SaveVideo", (1520, 260), [f"video/{prefix}", "auto", "auto"], size=save_size)
+    save = g.node("SaveVideo", (SAVE_X, 40), [f"video/{prefix}", "auto", "auto"], size=save_size)
     g.link(video, 0, save, "video")
 
 
@@ -200,21 +208,21 @@ def opensora_t2v() -> UIGraph:
     model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["OpenSora-STDiT-v3.safetensors", "default"],
                    models=("opensora_stdit3",))
     clip = g.node("CLIPLoader", (0, 400), ["t5xxl_fp16.safetensors", "pixart", "default"], models=("t5xxl",))
-    text = g.node("CHAI_OpenSoraTextEncode", (0, 560), ["", True, 6.5, True], size=(380, 220))
+    text = g.node("CHAI_OpenSoraTextEncode", (0, 560), ["", True, 6.5, True], size=(380, 300))
     g.link(clip, 0, text, "clip")
     g.link(model, 0, text, "model")
     g.link(prompt, 0, text, "prompt")
-    latent = g.node("CHAI_OpenSoraEmptyLatent", (0, 820),
+    latent = g.node("CHAI_OpenSoraEmptyLatent", (0, 900),
                     ["240p", "9:16 (240x426 HxW at 240p, landscape)", "2s (51 frames)", 240, 426, 51, 24.0, 1],
-                    size=(380, 260))
+                    size=(380, 340))
     sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="opensora", cfg=7.0,
                          sampler="euler", scheduler="opensora", x=440)
-    vae = g.node("CHAI_OpenSoraVAELoader", (1160, 260), ["OpenSora-VAE-v1.2.safetensors", "auto"],
+    vae = g.node("CHAI_OpenSoraVAELoader", (OUT_X, 40), ["OpenSora-VAE-v1.2.safetensors", "auto"],
                  models=("opensora_vae",))
-    decode = g.node("CHAI_OpenSoraVAEDecode", (1160, 420), [0, 24.0, 0, 64], size=(320, 200))
+    decode = g.node("CHAI_OpenSoraVAEDecode", (OUT_X, 210), [0, 24.0, 0, 64], size=(320, 260))
     g.link(sampler, 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
-    save_video(g, decode, 660, 24.0, "CHAI_opensora")
+    save_video(g, decode, 510, 24.0, "CHAI_opensora")
     return g
 
 
@@ -224,17 +232,17 @@ def toy_t2v() -> UIGraph:
     g.note((-460, 40), TOY_NOTE, size=(440, 520))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [TOY_PROMPT], title="Prompt", size=(380, 160))
     model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["toyworld_stdit3.safetensors", "default"])
-    text = g.node("CHAI_ToyTextEncode", (0, 400), [""], size=(380, 120))
+    text = g.node("CHAI_ToyTextEncode", (0, 400), [""], size=(380, 200))
     g.link(model, 0, text, "model")
     g.link(prompt, 0, text, "prompt")
-    latent = g.node("CHAI_ToyEmptyLatent", (0, 560), [1], size=(320, 80))
+    latent = g.node("CHAI_ToyEmptyLatent", (0, 640), [1], size=(320, 80))
     sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="toyworld", cfg=TOY_CFG,
                          sampler="euler", scheduler="opensora", x=440)
-    decode = g.node("CHAI_ToyDecode", (1160, 260), [8], size=(300, 100))
+    decode = g.node("CHAI_ToyDecode", (OUT_X, 40), [8], size=(300, 100))
     g.link(sampler, 0, decode, "samples")
-    save_video(g, decode, 400, 8.0, "CHAI_toy", save_size=(400, 460))
+    save_video(g, decode, 200, 8.0, "CHAI_toy", save_size=(400, 460))
     # An animated WEBP loops forever in the node's preview: the one-second clip can be watched as it plays.
-    webp = g.node("SaveAnimatedWEBP", (1520, 760), ["CHAI_toy_loop", 8.0, True, 80, "default"], size=(400, 460),
+    webp = g.node("SaveAnimatedWEBP", (SAVE_X, 620), ["CHAI_toy_loop", 8.0, True, 80, "default"], size=(400, 560),
                   title="Looping preview")
     g.link(decode, 0, webp, "images")
     g.link(decode, 1, webp, "fps")
@@ -263,11 +271,11 @@ def wan21_t2v() -> UIGraph:
     latent = g.node("EmptyHunyuanLatentVideo", (0, 1040), [832, 480, 33, 1], size=(320, 160))
     sampler = chai_nodes(g, model, latent, (positive, 0), (negative, 0), prompt, cache_name="wan21", cfg=6.0,
                          sampler="uni_pc", scheduler="simple", x=440)
-    vae = g.node("VAELoader", (1160, 260), ["wan_2.1_vae.safetensors"], size=(320, 80), models=("wan21_vae",))
-    decode = g.node("VAEDecode", (1160, 380), [], size=(220, 60))
+    vae = g.node("VAELoader", (OUT_X, 40), ["wan_2.1_vae.safetensors"], size=(320, 80), models=("wan21_vae",))
+    decode = g.node("VAEDecode", (OUT_X, 160), [], size=(220, 60))
     g.link(sampler, 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
-    save_video(g, decode, 480, 16.0, "CHAI_wan21", fps_from_decode=False)
+    save_video(g, decode, 260, 16.0, "CHAI_wan21", fps_from_decode=False)
     return g
 
 
@@ -282,13 +290,13 @@ def opensora_warmup() -> UIGraph:
     model = g.node("CHAI_OpenSoraModelLoader", (0, 340), ["OpenSora-STDiT-v3.safetensors", "default"],
                    models=("opensora_stdit3",))
     clip = g.node("CLIPLoader", (0, 500), ["t5xxl_fp16.safetensors", "pixart", "default"], models=("t5xxl",))
-    text = g.node("CHAI_OpenSoraTextEncode", (0, 660), ["", True, 6.5, True], size=(380, 220))
+    text = g.node("CHAI_OpenSoraTextEncode", (0, 660), ["", True, 6.5, True], size=(380, 300))
     g.link(clip, 0, text, "clip")
     g.link(model, 0, text, "model")
     g.link(prompts, 0, text, "prompt")
-    latent = g.node("CHAI_OpenSoraEmptyLatent", (0, 920),
+    latent = g.node("CHAI_OpenSoraEmptyLatent", (0, 1000),
                     ["240p", "9:16 (240x426 HxW at 240p, landscape)", "2s (51 frames)", 240, 426, 51, 24.0, 1],
-                    size=(380, 260))
+                    size=(380, 340))
     chai_nodes(g, model, latent, (text, 0), (text, 1), prompts, cache_name="opensora", cfg=7.0, sampler="euler",
                scheduler="opensora", x=460, with_lookup=False)
     return g

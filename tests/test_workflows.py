@@ -244,3 +244,16 @@ def test_template_files_are_readable_titles_and_the_only_workflows_shipped():
     for title in TEMPLATE_FILES.values():
         assert title.startswith("CHAI ") and "-" not in title and "_" not in title and len(title) <= 64
     assert "any CPU" in TEMPLATE_FILES["chai_toy_t2v"] and "warm up" in TEMPLATE_FILES["chai_opensora_warmup"]
+
+
+TITLE_HEIGHT = 30  # the frontend draws a node's title bar above its pos
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_node_overlaps_another_so_reports_stay_readable(name):
+    ui, _ = load(name)
+    boxes = [(n["id"], n["pos"][0], n["pos"][1] - TITLE_HEIGHT, n["pos"][0] + n["size"][0], n["pos"][1] + n["size"][1])
+             for n in ui["nodes"]]
+    overlapping = [(a[0], b[0]) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+                   if a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]]
+    assert not overlapping, overlapping
