@@ -41,8 +41,9 @@ def same_prompt_note(hit: Any) -> str:
         return ""
     return ("note: this prompt is already in the cache, so it hits its own earlier run and the sampler makes a "
             "new video in the fast steps from it (by design: CHAI reuses what it stored, it does not replay "
-            "it; the stored video stays in output/). Queued again with nothing changed (fixed seed), ComfyUI "
-            "serves the last outputs from its own cache and nothing runs.")
+            "it; the stored video stays in output/). Queued again while the cache gains or loses no entry, this "
+            "lookup is served from ComfyUI's output cache (the node says so): with a new seed the sampler makes "
+            "another fast video from the same donor, with a fixed seed nothing runs.")
 
 
 def sampler_status(report: Any) -> str:

@@ -132,7 +132,9 @@ class CacheLookup(io.ComfyNode):
             description="Looks the prompt's entities up in the cache. A hit needs an entity at or above the "
                         "threshold, made by the same model (weights, LoRAs, dtype) at the same latent shape; the "
                         "report names the matched entities, their similarity and the donor prompt, or why it "
-                        "missed. Re-runs whenever the cache changed.",
+                        "missed. Queued again, it runs only if the cache it reads gained or lost an entry since "
+                        "(a write, an eviction, a clear, here or in another process); otherwise ComfyUI serves it "
+                        "from its output cache and its box says so.",
             inputs=[
                 CHAI_CACHE.Input("cache", tooltip="The cache from a CHAI Cache node."),
                 CHAI_ENTITIES.Input("entities", tooltip="The prompt's entities from CHAI Entity Extract."),

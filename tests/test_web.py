@@ -18,8 +18,10 @@ def test_entry_point_names_the_web_directory_with_the_report_extension():
     spec.loader.exec_module(module)
     assert (REPO / module.WEB_DIRECTORY).resolve() == SCRIPT.parent
     text = SCRIPT.read_text()
-    # The report box is never serialized: saved workflows keep their widgets_values (input names never change).
-    assert "widget.serialize = false" in text and "CHAI.Reports" in text
+    # The report box is never serialized: saved workflows keep their widgets_values (input names never change),
+    # and the queued prompt does not carry it (tests/tier2/test_browser.py checks both in the real frontend).
+    assert "widget.serialize = false" in text and "widget.options.serialize = false" in text
+    assert "CHAI.Reports" in text
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs node.js to parse the script")

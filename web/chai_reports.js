@@ -2,44 +2,101 @@
 //
 // The nodes return their report as ComfyUI's text UI output (the status line first); the core frontend shows
 // that only for its own preview nodes, so this extension puts it in a read-only text box on every CHAI node.
-// A node whose result ComfyUI served from its output cache did not run: its box then says so above the last
-// run's report. The one-line status the nodes send while they run (progress text) needs no extension.
+// The one-line status the nodes send while they run (progress text) needs no extension.
+//
+// A node whose output ComfyUI served from its output cache did not run, and ComfyUI sends its stored report
+// only for output nodes (Cache Write, Cache Stats). So: `execution_cached` marks the boxes of the cached
+// nodes at once, and when the prompt is done the stored reports of all of them are read from its history entry
+// (ComfyUI keeps every cached node's UI output there), so each cached node shows the report that belongs to
+// the output it served, under the mark, also in a page that never saw that node run.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { ComfyWidgets } from "../../scripts/widgets.js";
 
 const WIDGET = "chai_report";
 const CACHED_NOTE = "(from ComfyUI's output cache: nothing ran this time; this is the last run's report)";
-const cachedThisRun = new Set();
+const CACHED_STATUS = "cached · ";
+const CORE_STATUS_WIDGET = "$$node-text-preview"; // the core frontend's progress-text line on a node
+const run = { promptId: null, cached: new Set() };
+
+function graphNode(id) {
+  // Node ids arrive as strings; the graph keys its nodes by number.
+  return app.graph?.getNodeById(Number(id)) ?? app.graph?.getNodeById(id) ?? null;
+}
+
+function isChai(node) {
+  const kind = node?.comfyClass ?? node?.type;
+  return typeof kind === "string" && kind.startsWith("CHAI_");
+}
 
 function reportWidget(node) {
   let widget = node.widgets?.find((w) => w.name === WIDGET);
   if (!widget) {
     widget = ComfyWidgets.STRING(node, WIDGET, ["STRING", { multiline: true }], app).widget;
     widget.element.readOnly = true;
-    widget.serialize = false; // not a widget value: saved workflows keep their widgets_values unchanged
+    // Not an input: kept out of the saved workflow (widgets_values unchanged) and out of the queued prompt
+    // (an extra input there would change the node's cache key, so an unchanged prompt would re-run it).
+    widget.serialize = false;
+    widget.options ??= {};
+    widget.options.serialize = false;
   }
   return widget;
+}
+
+function showReport(node, body, cached) {
+  reportWidget(node).value = cached ? `${CACHED_NOTE}\n${body}` : body;
+  const status = node.widgets?.find((w) => w.name === CORE_STATUS_WIDGET);
+  if (cached && status && typeof status.value === "string" && status.value && !status.value.startsWith(CACHED_STATUS)) {
+    status.value = CACHED_STATUS + status.value;
+  }
+  node.setDirtyCanvas?.(true, true);
 }
 
 function markCached(node) {
   const widget = node?.widgets?.find((w) => w.name === WIDGET);
   if (widget && typeof widget.value === "string" && !widget.value.startsWith(CACHED_NOTE)) {
-    widget.value = `${CACHED_NOTE}\n${widget.value}`;
-    node.setDirtyCanvas?.(true, true);
+    showReport(node, widget.value, true);
+  }
+}
+
+function reportText(output) {
+  const text = output?.text;
+  if (!text || !text.length) return null;
+  return Array.isArray(text) ? text.join("\n") : String(text);
+}
+
+async function showCachedReports(promptId, ids) {
+  // The history entry is written before ComfyUI says the prompt is done (`executing` with no node).
+  const response = await api.fetchApi(`/history/${encodeURIComponent(promptId)}`);
+  if (!response.ok) return;
+  const outputs = (await response.json())?.[promptId]?.outputs ?? {};
+  for (const id of ids) {
+    const node = graphNode(id);
+    const body = reportText(outputs[id]);
+    if (isChai(node) && body) showReport(node, body, true);
   }
 }
 
 app.registerExtension({
   name: "CHAI.Reports",
   setup() {
-    api.addEventListener("execution_start", () => cachedThisRun.clear());
+    api.addEventListener("execution_start", ({ detail }) => {
+      run.promptId = detail?.prompt_id ?? null;
+      run.cached = new Set();
+    });
     api.addEventListener("execution_cached", ({ detail }) => {
       for (const id of detail?.nodes ?? []) {
-        cachedThisRun.add(String(id));
-        // Node ids arrive as strings; the graph keys its nodes by number.
-        markCached(app.graph?.getNodeById(Number(id)) ?? app.graph?.getNodeById(id));
+        run.cached.add(String(id));
+        markCached(graphNode(id));
       }
+    });
+    api.addEventListener("executing", ({ detail }) => {
+      if (detail !== null && detail !== undefined) return; // a node starts; null: the prompt is done
+      const ids = [...run.cached].filter((id) => isChai(graphNode(id)));
+      if (run.promptId && ids.length) {
+        showCachedReports(run.promptId, ids).catch((err) => console.warn("[CHAI] cached reports:", err));
+      }
+      run.cached = new Set();
     });
   },
   beforeRegisterNodeDef(nodeType, nodeData) {
@@ -47,11 +104,8 @@ app.registerExtension({
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
-      const text = message?.text;
-      if (!text || !text.length) return;
-      const body = Array.isArray(text) ? text.join("\n") : String(text);
-      reportWidget(this).value = cachedThisRun.has(String(this.id)) ? `${CACHED_NOTE}\n${body}` : body;
-      this.setDirtyCanvas?.(true, true);
+      const body = reportText(message);
+      if (body) showReport(this, body, run.cached.has(String(this.id)));
     };
   },
 });

