@@ -270,10 +270,13 @@ class Sampler(io.ComfyNode):
     def validate_inputs(cls, cache_steps: str | None = None, fast_steps: int | None = None) -> bool | str:
         """Reject cache steps that do not parse or lie outside the fast schedule before anything runs.
 
-        Combo inputs need no check here: ComfyUI validates them against their option lists.
+        Combo inputs need no check here: ComfyUI validates them against their option lists. fast_steps is
+        checked here because ComfyUI skips the min/max check of every input a validate_inputs reads.
         """
         from ..chai_attention.config import check_cache_steps
 
+        if fast_steps is not None and not 1 <= fast_steps <= MAX_STEPS:
+            return f"fast_steps must be 1..{MAX_STEPS}, got {fast_steps}"
         try:
             check_cache_steps(cache_steps, MAX_STEPS if fast_steps is None else fast_steps)
         except ValueError as exc:

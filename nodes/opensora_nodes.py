@@ -73,13 +73,6 @@ class OpenSoraModelLoader(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, weight_dtype: str | None = None) -> bool | str:
-        """Reject an unknown dtype before anything runs (this ComfyUI does not check V3 combo values)."""
-        if weight_dtype is not None and weight_dtype not in DTYPE_CHOICES:
-            return f"unknown weight_dtype {weight_dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}"
-        return True
-
-    @classmethod
     def execute(cls, model_name: str, weight_dtype: str) -> io.NodeOutput:
         node = "CHAI OpenSora Model Loader"
         if weight_dtype not in DTYPE_CHOICES:
@@ -242,16 +235,6 @@ class OpenSoraEmptyLatent(io.ComfyNode):
                                       tooltip="Zeros [batch, 4, T, H/8, W/8] plus latent['opensora'] = "
                                               "{height, width, num_frames, fps}.")],
         )
-
-    @classmethod
-    def validate_inputs(cls, resolution: str | None = None, aspect_ratio: str | None = None,
-                        frames: str | None = None) -> bool | str:
-        """Reject unknown preset names before anything runs."""
-        for value, options, name in ((resolution, RESOLUTION_CHOICES, "resolution"),
-                                     (aspect_ratio, ASPECT_CHOICES, "aspect_ratio"), (frames, FRAME_CHOICES, "frames")):
-            if value is not None and value not in options:
-                return f"unknown {name} {value!r}; choose one of: {'; '.join(options)}"
-        return True
 
     @classmethod
     def execute(cls, resolution: str, aspect_ratio: str, frames: str, custom_height: int, custom_width: int,

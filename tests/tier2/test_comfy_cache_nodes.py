@@ -179,6 +179,34 @@ def test_every_chai_combo_is_checked_against_its_options_at_validation(comfy):
     assert combos >= 12
 
 
+def test_no_validate_inputs_reads_a_combo_or_a_bounded_number_it_does_not_check(comfy):
+    # ComfyUI neither list-checks nor min/max-checks an input that a node's validate_inputs reads, and repeats a
+    # failure message under every input read there: so only inputs the node checks itself may be read.
+    import inspect
+
+    from comfy_api.internal import first_real_override
+
+    checked_here = {("CHAI_Sampler", "fast_steps"), ("CHAI_Sampler", "cache_steps"), ("CHAI_CacheOpen", "name")}
+    read = set()
+    for node_id, cls in comfy.nodes.NODE_CLASS_MAPPINGS.items():
+        validate = first_real_override(cls, "validate_inputs") if node_id.startswith("CHAI_") else None
+        if validate is not None:
+            read |= {(node_id, p) for p in inspect.signature(validate).parameters}
+    assert read == checked_here, read ^ checked_here
+
+
+@pytest.mark.parametrize("field, value", [("resolution", "1080p"), ("aspect_ratio", "4:3"), ("frames", "3s")])
+def test_an_unknown_latent_preset_is_reported_on_that_input_alone(comfy, field, value):
+    latent = {"resolution": "240p", "aspect_ratio": "9:16 (240x426 HxW at 240p, landscape)",
+              "frames": "2s (51 frames)", "custom_height": 240, "custom_width": 426, "custom_frames": 51,
+              "fps": 24.0, "batch_size": 1}
+    latent[field] = value
+    result = comfy.run({"1": {"class_type": "CHAI_OpenSoraEmptyLatent", "inputs": latent},
+                        "2": {"class_type": "PreviewAny", "inputs": {"source": ["1", 0]}}})
+    (error,) = result.node_errors["1"]["errors"]
+    assert error["type"] == "value_not_in_list" and error["extra_info"]["input_name"] == field, error
+
+
 def test_unknown_stats_action_is_refused_before_running(comfy):
     prompt = stats_prompt("tier2action", action="delete")
     result = comfy.run(prompt)
@@ -200,3 +228,22 @@ def test_the_pack_serves_its_web_extension_that_shows_reports_on_the_nodes(comfy
     assert len(web) == 1 and web[0].resolve() == (Path(__file__).resolve().parents[2] / "web").resolve()
     script = (web[0] / "chai_reports.js").read_text()
     assert 'registerExtension' in script and '"execution_cached"' in script and 'startsWith("CHAI_")' in script
+
+
+def test_every_input_display_name_is_in_the_locale_the_frontend_labels_widgets_from(comfy):
+    # The frontend labels a widget from locales (nodeDefs.<node>.inputs.<input>.name), not from the input's
+    # display_name: e.g. "threshold (0 = auto)" shows only through locales/en/nodeDefs.json.
+    import json
+
+    locale = json.loads((Path(__file__).resolve().parents[2] / "locales" / "en" / "nodeDefs.json").read_text())
+    named = {}
+    for node_id, cls in comfy.nodes.NODE_CLASS_MAPPINGS.items():
+        if node_id.startswith("CHAI_"):
+            inputs = cls.INPUT_TYPES()
+            for name, spec in {**inputs.get("required", {}), **inputs.get("optional", {})}.items():
+                shown = spec[1].get("display_name") if len(spec) > 1 else None
+                if shown and shown != name:
+                    named[(node_id, name)] = shown
+    assert named, "expected at least the lookup's threshold label"
+    for (node_id, name), shown in named.items():
+        assert locale[node_id]["inputs"][name]["name"] == shown, (node_id, name)

@@ -443,6 +443,14 @@ def test_cache_steps_beyond_the_fast_schedule_are_reported_on_the_two_inputs_inv
     assert all("cache steps [9] lie beyond the 8 fast steps" in e["details"] for e in errors)
 
 
+@pytest.mark.parametrize("fast", [0, 5000])
+def test_fast_steps_out_of_range_are_refused_before_running(comfy, env, fast):
+    # ComfyUI skips the min/max check of an input that validate_inputs reads, so the node checks it itself.
+    result = comfy.run(chai_graph("bad_fast", DOG_BEACH, fast=fast, cache_steps="2"))
+    errors = result.node_errors["sampler"]["errors"]
+    assert errors and all(f"fast_steps must be 1..1000, got {fast}" in e["details"] for e in errors), errors
+
+
 def test_a_hit_for_another_latent_shape_is_a_miss_with_the_reason(comfy, env):
     run_ok(comfy, chai_graph("t2-shape", DOG_BEACH, key="sh0"))
     # Lookup on the 17-frame latent, sampler on a 34-frame one: the hit cannot serve, the sampler runs full.
