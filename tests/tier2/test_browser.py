@@ -115,6 +115,9 @@ def test_the_frontend_shows_each_report_and_status_on_its_node_and_marks_cached_
                 assert _wait_for(page, sampler, "MISS · 30 steps · ", start=True)
                 assert _widget(page, write).startswith("stored · 1 entries"), first_stats
                 assert list((comfy_server.base / "output" / "video").glob("CHAI_toy_*.mp4"))  # the saved video
+                label = page.evaluate("(id) => app.graph.getNodeById(id).widgets.find((w) => w.name === "
+                                      "'threshold').label", lookup)
+                assert label == "threshold (0 = auto)"  # from locales/en/nodeDefs.json
                 # The one-line status reaches the node without the extension too (the core progress-text line).
                 assert _status(page, lookup) == first.split("\n")[0]
                 assert _shown(page, lookup) == first
