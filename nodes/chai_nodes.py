@@ -397,7 +397,8 @@ class PromptList(io.ComfyNode):
         if not items:
             raise ChaiNodeError("CHAI Prompt List: no prompts (write one per line; lines starting with # are "
                                 "comments)")
-        return io.NodeOutput(items, len(items))
+        return io.NodeOutput(items, len(items),
+                             ui=show(f"{len(items)} prompts: the nodes after this run once each"))
 
 
 def split_prompts(text: str) -> list[str]:

@@ -567,7 +567,8 @@ def test_prompt_list_warm_up_fills_the_cache_through_the_miss_path(comfy, env):
     for name in ("lookup", "cap_text"):
         graph.pop(name)
     graph["cap"]["inputs"].pop("hit")
-    run_ok(comfy, graph)
+    result = run_ok(comfy, graph)
+    assert result.outputs["list"]["text"] == ["2 prompts: the nodes after this run once each"]  # on the node
     got = CAPTURED["w"]
     assert [t.mode for t in got["trace"]] == ["full", "full"]
     writes = CAPTURED["w:write"]["text"]
