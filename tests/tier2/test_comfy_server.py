@@ -29,6 +29,7 @@ class Queued:
     ran: list[str]  # node ids, in the order they ran
     cached: list[str]
     reports: dict[str, str]  # node id -> its text UI output from /history (status line first)
+    files: dict[str, list[str]]  # node id -> the files it saved (subfolder/filename under output/)
 
 
 def queue(url: str, prompt: dict) -> Queued:
@@ -60,9 +61,19 @@ def queue(url: str, prompt: dict) -> Queued:
             async with session.get(f"{url}/history/{prompt_id}") as r:
                 outputs = (await r.json())[prompt_id]["outputs"]
         reports = {node: "\n".join(out["text"]) for node, out in outputs.items() if out.get("text")}
-        return Queued(ran, cached, reports)
+        files = {node: [f"{i['subfolder']}/{i['filename']}".lstrip("/") for i in out["images"]]
+                 for node, out in outputs.items() if out.get("images")}
+        return Queued(ran, cached, reports, files)
 
     return asyncio.run(go())
+
+
+def frames(path: Path) -> list[bytes]:
+    """The decoded frames of an animated WEBP (its metadata names the prompt, so the files differ)."""
+    from PIL import Image, ImageSequence
+
+    with Image.open(path) as image:
+        return [frame.convert("RGB").tobytes() for frame in ImageSequence.Iterator(image)]
 
 
 def toy_prompt(cache: str, stats_action: str = "show") -> tuple[dict, dict[str, str]]:
@@ -103,7 +114,26 @@ def test_a_requeue_runs_the_lookup_only_when_its_cache_changed(comfy_server):
     for node in (lookup, sampler, write):  # the history keeps the report of the run that made the output
         assert third.reports[node] == second.reports[node]
 
+    # A new seed (the template's default is 'randomize'): the lookup is served from ComfyUI's cache and the
+    # sampler makes another fast video from the hit it returned, the same video a fresh lookup gives.
+    prompt[sampler]["inputs"]["seed"] = 43
+    reseeded = queue(comfy_server.url, prompt)
+    assert lookup in reseeded.cached and lookup not in reseeded.ran, reseeded
+    assert {sampler, write} <= set(reseeded.ran)
+    assert reseeded.reports[sampler].startswith("HIT ") and " · 8 steps · " in reseeded.reports[sampler]
+    fresh_prompt = json.loads(json.dumps(prompt))
+    fresh_prompt[lookup]["inputs"]["threshold"] = 0.65  # what 0 (auto) means for MiniLM: same hit, new lookup
+    fresh = queue(comfy_server.url, fresh_prompt)
+    assert lookup in fresh.ran and fresh.reports[lookup].split("\n")[0] == reseeded.reports[lookup].split("\n")[0]
+    webp = ids["SaveAnimatedWEBP"]
+    (a,), (b,) = reseeded.files[webp], fresh.files[webp]
+    output = comfy_server.base / "output"
+    assert a != b and len(frames(output / a)) == 8 and frames(output / a) == frames(output / b)
+    assert frames(output / a) != frames(output / second.files[webp][0])  # seed 42's video
+    prompt[sampler]["inputs"]["seed"] = 42
+
     # The same graph with Cache Stats set to 'clear': only the stats run, and they empty the cache.
+    queue(comfy_server.url, prompt)  # back to the 3rd queue's prompt (ComfyUI keeps one output per node)
     cleared = queue(comfy_server.url, toy_prompt(cache, "clear")[0])
     assert cleared.ran == [stats], cleared
     assert cleared.reports[stats].startswith("cleared 1 entries")
