@@ -136,10 +136,28 @@ def switch_step(sigmas: tuple[float, ...], boundary: float) -> int:
     return sum(1 for s in sigmas[:-1] if s >= boundary)
 
 
+def check_before_switch(plan: RequestPlan, switch: int, boundary: float) -> None:
+    """ValueError when a cache step (hit) or a captured step (miss) falls on the second expert's steps."""
+    if plan.run is not None:
+        late = [s for s in plan.run.config.cache_steps if s > switch]
+        what = f"cache steps {late} of the {len(plan.sigmas) - 1}-step fast schedule"
+    else:
+        late = [i + 1 for i in plan.capture.indices if i >= switch]  # a final latent comes from CHAI Apply Trace
+        what = f"the donor capture (full-schedule steps {late})"
+    if late:
+        raise ValueError(f"{what} fall at sigmas below the experts' boundary {boundary:g} (after switch_step "
+                         f"{switch}), on the second expert, which CHAI Apply does not patch; choose earlier cache "
+                         "steps (the paper's 2,3,4 of 8 lie before Wan 2.2's switch) or use CHAI Sampler with model_2")
+
+
 def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, schedule: Schedule,
                sampler_name: str, scheduler: str, hit: CacheHit | None = None, fingerprint: str | None = None,
-               boundary: float = 0.875) -> tuple[Any, AppliedRun]:
-    """(the patched MODEL clone, its AppliedRun). `fingerprint` defaults to the MODEL's own (comfy_glue)."""
+               boundary: float = 0.875, two_experts: bool = False) -> tuple[Any, AppliedRun]:
+    """(the patched MODEL clone, its AppliedRun). `fingerprint` defaults to the MODEL's own (comfy_glue).
+
+    two_experts: `model` is the high-noise expert of a pair that switches below sigma `boundary` (Wan 2.2 A14B)
+    and only it is patched, so every cache step (hit) or captured step (miss) must lie before the switch.
+    """
     import comfy.patcher_extension
 
     from .comfy_glue import ModelInputCapture, SharedRun, check_sampler_name, comfy_model_fingerprint, latent_shape
@@ -158,8 +176,11 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
     else:
         capture = ModelInputCapture(plan.capture, plan.sigmas, shape)
         clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY, capture)
-    applied = AppliedRun(plan, hit, fingerprint, tuple(shape), config, sampler_name, scheduler, capture,
-                         switch_step(plan.sigmas, boundary), model.model.process_latent_in)
+    switch = switch_step(plan.sigmas, boundary)
+    if two_experts:
+        check_before_switch(plan, switch, boundary)
+    applied = AppliedRun(plan, hit, fingerprint, tuple(shape), config, sampler_name, scheduler, capture, switch,
+                         model.model.process_latent_in)
     clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, MONITOR_KEY, SamplingMonitor(applied))
     log.info("[CHAI] apply: %s, %d steps", plan.mode, applied.steps)
     return clone, applied

@@ -14,14 +14,13 @@ from comfy_api.latest import io
 
 from .canvas import show
 from .chai_nodes import (APPLY_TO, CATEGORY, CHAI_HIT, CHAI_TRACE, KV_MODES, MAX_STEPS, OPENSORA_SCHEDULER, SAMPLERS,
-                         SCHEDULERS, opensora_schedule)
+                         SCHEDULERS, WAN22_BOUNDARY, opensora_schedule)
 from .errors import user_errors
 from .widgets import combo
 
 log = logging.getLogger(__name__)
 
 CHAI_APPLIED = io.Custom("CHAI_APPLIED")
-WAN22_T2V_BOUNDARY = 0.875  # Wan 2.2 A14B text-to-video switches experts below this sigma (image-to-video: 0.9)
 
 
 class Apply(io.ComfyNode):
@@ -69,9 +68,13 @@ class Apply(io.ComfyNode):
                 io.Model.Input("model_2", optional=True,
                                tooltip="Wan 2.2 A14B: the low-noise expert (the second sampler's MODEL). Only "
                                        "identifies the pair for the cache; connect the same one to the lookup."),
-                io.Float.Input("boundary", default=WAN22_T2V_BOUNDARY, min=0.0, max=1.0, step=0.005, optional=True,
+                io.Float.Input("boundary", default=WAN22_BOUNDARY, min=0.0, max=1.0, step=0.005, optional=True,
                                tooltip="Wan 2.2 A14B: the sigma below which the low-noise expert samples (0.875 "
                                        "text-to-video, 0.9 image-to-video); sets the switch_step output."),
+                io.Conditioning.Input("positive", optional=True,
+                                      tooltip="Image-to-video: the positive conditioning your sampler gets (it "
+                                              "holds the start image; connect it to the lookup too): a donor must "
+                                              "come from the same image(s)."),
             ],
             outputs=[
                 io.Model.Output("patched_model", display_name="MODEL",
@@ -103,11 +106,12 @@ class Apply(io.ComfyNode):
     @classmethod
     def execute(cls, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,
                 cache_steps: str, kv_mode: str, apply_to: str, hit: Any = None, model_2: Any = None,
-                boundary: float = WAN22_T2V_BOUNDARY) -> io.NodeOutput:
+                boundary: float = WAN22_BOUNDARY, positive: Any = None) -> io.NodeOutput:
         node = "CHAI Apply"
         with user_errors(node):
             from ..chai_attention.comfy_apply import chai_apply
             from ..chai_attention.comfy_glue import comfy_schedule, request_fingerprint
+            from ..chai_attention.conditioning import conditioning_digest
             from ..chai_attention.config import ChaiConfig
 
             config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=cache_steps,
@@ -116,9 +120,14 @@ class Apply(io.ComfyNode):
                 schedule = opensora_schedule(model, latent, node)
             else:
                 schedule = comfy_schedule(model, sampler_name, scheduler)
-            fingerprint = request_fingerprint(model, model_2, boundary)
+            if model_2 is not None:
+                from ..chai_attention.adapters import get_adapter
+
+                get_adapter(model_2)  # an unsupported second expert is refused here too
+            fingerprint = request_fingerprint(model, model_2, conditioning_digest(positive, latent))
             patched, applied = chai_apply(model, latent, config=config, schedule=schedule, sampler_name=sampler_name,
-                                          scheduler=scheduler, hit=hit, fingerprint=fingerprint, boundary=boundary)
+                                          scheduler=scheduler, hit=hit, fingerprint=fingerprint, boundary=boundary,
+                                          two_experts=model_2 is not None)
         report = apply_report(applied)
         status = f"{'HIT' if applied.plan.run is not None else 'MISS'} · {applied.steps} steps"
         return io.NodeOutput(patched, applied.sigmas(), applied.steps, applied.switch_step, applied, report,

@@ -81,6 +81,15 @@ def test_unsupported_wan_variants_are_refused_with_what_is_supported(change, mes
     assert "Supported: Wan 2.1 T2V" in str(err.value)
 
 
+def test_image_to_video_structures_are_accepted():
+    for model_type, img_emb in (("i2v", nn.Linear(1, 1)), ("t2v", None)):  # Wan 2.1 I2V; Wan 2.2 I2V A14B experts
+        model = StandInNet()
+        model.patch_embedding = nn.Conv3d(CHANNELS + 20, DIM, (1, 2, 2), stride=(1, 2, 2))
+        model.model_type, model.img_emb = model_type, img_emb
+        adapter = get_adapter(model)
+        assert isinstance(adapter, WanAdapter) and adapter.latent_channels() == CHANNELS
+
+
 def test_check_run_wants_the_latent_channels_and_the_sampled_shape():
     adapter = WanAdapter(StandInNet())
     adapter.check_run(make_run(torch.zeros(SHAPE)), SHAPE)

@@ -26,8 +26,10 @@ _VARIANT_MARKERS = {  # attribute -> variant, for subclasses under other names
     "vace_patch_embedding": "VACE", "control_adapter": "Camera", "audio_proj": "HuMo",
     "casual_audio_encoder": "S2V", "pose_patch_embedding": "Animate",
 }
-SUPPORTED_TEXT = ("Wan 2.1 T2V (1.3B, 14B), Wan 2.2 T2V A14B (each expert) and Wan 2.2 TI2V 5B used for "
-                  "text-to-video")
+SUPPORTED_TEXT = ("Wan 2.1 T2V (1.3B, 14B) and I2V / FLF2V (14B), Wan 2.2 T2V and I2V A14B (both experts) and "
+                  "Wan 2.2 TI2V 5B (text- and image-to-video); image-conditioned requests hit only donors made from "
+                  "the same image")
+IMAGE_CHANNELS = 20  # Wan image-to-video input: the latent plus a 4-channel mask and a 16-channel image latent
 
 
 def _has_modules(owner: Any, names: Sequence[str]) -> bool:
@@ -38,7 +40,7 @@ class WanAdapter(HookAdapter, ModelAdapter):
     """ComfyUI's Wan 2.1 / 2.2: the hooked attention is block 0's first one, `blocks[0].self_attn`."""
 
     family = "wan"
-    description = "Wan 2.1 / 2.2 text-to-video (ComfyUI WanModel), blocks[0].self_attn"
+    description = "Wan 2.1 / 2.2 text- and image-to-video (ComfyUI WanModel), blocks[0].self_attn"
     block_key = ("double_block", 0)
     attention_index = 0  # WanAttentionBlock attends self first, then cross (text, and image for i2v)
     firing_kind = "self_attn"
@@ -74,13 +76,15 @@ class WanAdapter(HookAdapter, ModelAdapter):
         for attr, variant in _VARIANT_MARKERS.items():
             if getattr(model, attr, None) is not None:
                 return f"{name} has `{attr}`, i.e. it is a Wan {variant} model"
-        if getattr(model, "model_type", "t2v") != "t2v" or getattr(model, "img_emb", None) is not None:
-            return f"{name} is an image-to-video model (model_type {getattr(model, 'model_type', '?')!r})"
-        out_dim = getattr(model, "out_dim", None)
-        in_channels = model.patch_embedding.in_channels
-        if out_dim is not None and in_channels != out_dim:
-            return (f"its input takes {in_channels} channels for a {out_dim}-channel latent (image or control "
-                    "channels are concatenated: image-to-video, Fun-Control or inpaint)")
+        model_type = getattr(model, "model_type", "t2v")
+        if model_type not in ("t2v", "i2v"):
+            return f"{name} is a Wan {model_type!r} model"
+        out_dim = getattr(model, "out_dim", None) or model.patch_embedding.in_channels
+        extra = model.patch_embedding.in_channels - out_dim
+        if extra not in (0, IMAGE_CHANNELS):
+            return (f"its input takes {model.patch_embedding.in_channels} channels for a {out_dim}-channel latent: "
+                    f"{extra} concatenated channels are not an image-to-video mask and image (Fun-Control and "
+                    "other control-video models are not supported)")
         return None
 
     def latent_channels(self) -> int:

@@ -163,7 +163,7 @@ def test_apply_nodes_appear_with_tooltips_and_their_sockets(comfy, env):
     assert tuple(apply.RETURN_TYPES) == ("MODEL", "SIGMAS", "INT", "INT", "CHAI_APPLIED", "STRING")
     inputs = apply.INPUT_TYPES()
     assert list(inputs["required"])[:2] == ["model", "latent"]
-    assert set(inputs["optional"]) == {"hit", "model_2", "boundary"}
+    assert set(inputs["optional"]) == {"hit", "model_2", "boundary", "positive"}
     for spec in {**inputs["required"], **inputs["optional"]}.values():
         assert len(spec[1].get("tooltip", "")) > 20
     assert tuple(trace.RETURN_TYPES) == ("CHAI_TRACE", "STRING")

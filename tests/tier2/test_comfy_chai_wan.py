@@ -147,13 +147,12 @@ def test_registry_picks_wan_for_comfy_wan21_and_wan22_and_refuses_other_variants
         assert adapter.model is patcher.model.diffusion_model
         assert adapter.block_self_attention() is patcher.model.diffusion_model.blocks[0].self_attn
     assert any(f.startswith("wan (Wan 2.1 / 2.2") for f in adapters.supported_families())
-    i2v = _tiny_wan(wan, comfy.ops, 16, layers=1, model_type="i2v", in_dim=36)
-    with pytest.raises(adapters.UnsupportedModelError, match="image-to-video") as err:
-        adapters.get_adapter(i2v)
-    assert "Supported: Wan 2.1 T2V" in str(err.value)
-    fun = _tiny_wan(wan, comfy.ops, 16, layers=1, in_dim=36)  # Fun-Control style: extra input channels
-    with pytest.raises(adapters.UnsupportedModelError, match="36 channels for a 16-channel latent"):
+    i2v = _tiny_wan(wan, comfy.ops, 16, layers=1, model_type="i2v", in_dim=36)  # accepted: image channels
+    assert isinstance(adapters.get_adapter(i2v), wan_mod.WanAdapter)
+    fun = _tiny_wan(wan, comfy.ops, 16, layers=1, in_dim=48)  # Fun-Control style: control-video channels
+    with pytest.raises(adapters.UnsupportedModelError, match="not an image-to-video mask and image") as err:
         adapters.get_adapter(fun)
+    assert "Supported: Wan 2.1 T2V" in str(err.value)
     vace = wan.VaceWanModel(dim=DIM, ffn_dim=128, num_heads=2, num_layers=1, vace_layers=1, vace_in_dim=96,
                             operations=comfy.ops.disable_weight_init)
     with pytest.raises(adapters.UnsupportedModelError, match="VaceWanModel is a Wan VACE model"):
