@@ -268,11 +268,9 @@ class CacheAttentionWrapper:
                         lambda used, total: run.record(plan, self.adapter.firing_kind, self._block_index(), used,
                                                        total))
         live_args, live_kwargs = _with_options(args, kwargs, {**options, PASS_KEY: live})
-        out = executor(*live_args, **live_kwargs)
-        if live.fired == 0:
-            raise RuntimeError(f"CHAI: the live pass never reached attention call {self.adapter.attention_index} of "
-                               f"block {self.adapter.block_key}; was the block patch replaced by another node?")
-        return out
+        # A step cache (EasyCache) may answer this step without running the model: then nothing fires, and the
+        # run's summary reports the cache step that never fired.
+        return executor(*live_args, **live_kwargs)
 
     def _block_index(self) -> int:
         key = self.adapter.block_key

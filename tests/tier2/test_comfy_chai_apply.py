@@ -52,7 +52,8 @@ def env(comfy, tmp_path_factory) -> dict[str, Any]:
     paths = comfy.folder_paths.folder_names_and_paths["diffusion_models"][0]
     paths.append(str(folder))
     mappings = comfy.nodes.NODE_CLASS_MAPPINGS
-    test_nodes = {"CHAI_Test_WordCond": word_cond_node(4096), "CHAI_Test_ApplyCapture": _Capture}
+    test_nodes = {"CHAI_Test_WordCond": word_cond_node(4096), "CHAI_Test_ApplyCapture": _Capture,
+                  "CHAI_Test_ForwardTap": _ForwardTap}
     mappings.update(test_nodes)
     yield {}
     CAPTURED.clear()
@@ -235,3 +236,88 @@ def test_requeued_graph_records_each_run_afresh_and_a_foreign_schedule_is_report
     run_ok(comfy, wrong)
     got = CAPTURED["rq-wrong"]["trace"]
     assert got.fired_steps == () and "not on CHAI's 8-step schedule" in got.report.attention
+
+
+FORWARDS: list[float] = []
+
+
+class _ForwardTap:
+    """Test-only MODEL patch: counts the diffusion model's real forward passes (inside any earlier wrapper, so a
+    step EasyCache answers from its cache is not counted)."""
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "tap"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        return {"required": {"model": ("MODEL",)}}
+
+    def tap(self, model: Any) -> tuple:
+        import comfy.patcher_extension
+
+        m = model.clone()
+
+        def wrapper(executor, *args, **kwargs):
+            FORWARDS.append(float(args[1].reshape(-1)[0]))
+            return executor(*args, **kwargs)
+
+        m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "chai-test-forwards", wrapper)
+        return (m,)
+
+
+def easycache(graph: dict, on: str = "shift") -> dict:
+    """Route `on`'s MODEL through ComfyUI's EasyCache (from the first step, eager to skip) and the forward tap."""
+    graph["easycache"] = {"class_type": "EasyCache", "inputs": {"model": [on, 0], "reuse_threshold": 3.0,
+                                                               "start_percent": 0.0, "end_percent": 1.0,
+                                                               "verbose": False}}
+    graph["tap"] = {"class_type": "CHAI_Test_ForwardTap", "inputs": {"model": ["easycache", 0]}}
+    return graph
+
+
+@pytest.mark.parametrize("route", ["chai_sampler", "chai_apply"])
+def test_a_miss_under_easycache_captures_the_latents_the_sampler_really_had(comfy, env, route):
+    from comfy import sample as comfy_sample
+
+    cache = f"t2-easycache-{route}"
+    g = easycache(base_graph(cache, DOG_BEACH, "ec0"))
+    if route == "chai_apply":
+        ksampler_advanced(g)
+        g["apply"]["inputs"]["model"] = ["tap", 0]
+        g["cap"]["inputs"]["model"] = ["tap", 0]
+    else:
+        g["sampler"] = {"class_type": "CHAI_Sampler", "inputs": {
+            "model": ["tap", 0], "positive": ["cond", 0], "negative": ["cond", 1], "latent": ["latent", 0],
+            "seed": SEED, "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "full_steps": 30,
+            "fast_steps": 8, "cache_steps": "2,3,4", "kv_mode": "replace", "apply_to": "cond", "hit": ["lookup", 0]}}
+        g["write"]["inputs"]["trace"] = ["sampler", 1]
+        for name in ("apply", "trace"):
+            g.pop(name)
+        g["cap"]["inputs"] = {"key": "ec0", "latent": ["sampler", 0], "trace": ["sampler", 1], "model": ["tap", 0],
+                              "positive": ["cond", 0], "negative": ["cond", 1]}
+    FORWARDS.clear()
+    run_ok(comfy, g)
+    miss = CAPTURED["ec0"]
+    trace = miss["trace"]
+    assert trace.mode == "full" and trace.donors is not None and len(trace.donors) == 3
+    assert len(FORWARDS) < 30  # EasyCache answered some of the 30 steps from its cache
+    # The donors are the latents this EasyCache run had at the captured steps (its own trajectory, skips and all).
+    model = miss["model"]  # the EasyCache MODEL (CHAI Apply's input)
+    seen: dict[int, torch.Tensor] = {}
+    latent = torch.zeros(1, 16, 3, 8, 8)
+    with torch.inference_mode():
+        out = comfy_sample.sample(model, comfy_sample.prepare_noise(latent, SEED), 30, CFG, "euler", "simple",
+                                  miss["positive"], miss["negative"], latent, disable_pbar=True, seed=SEED,
+                                  callback=lambda i, x0, x, total: seen.setdefault(i, x.clone()))
+    assert torch.equal(out, miss["latent"]["samples"])
+    steps = [trace.sigmas.index(d.sigma) for d in trace.donors.donors]
+    for d, i in zip(trace.donors.donors, steps):  # the sampler's x entering step i (the model's latent space)
+        assert torch.equal(d.latent, seen[i].float())
+    # A hit under EasyCache runs; Cache Attention fires at the cache steps EasyCache does not answer from its cache
+    # (the capture pass itself leaves EasyCache out, so EasyCache sees one evaluation per step).
+    g2 = easycache(base_graph(cache, DOG_PARK, "ec1"))
+    if route == "chai_apply":
+        ksampler_advanced(g2)
+        g2["apply"]["inputs"]["model"] = ["tap", 0]
+        run_ok(comfy, g2)
+        assert CAPTURED["ec1"]["trace"].mode == "fast" and CAPTURED["ec1"]["trace"].fired_steps
