@@ -393,3 +393,27 @@ def test_wan22_5b_text_to_video_and_per_frame_timesteps(env):
         other = evaluate(clone, x, sigma, env["cond"], [0], make_run(env, {1: donor}), **extra)
         assert (other - plain).abs().max() > 1e-3
         assert vecs == [(vec_shape, True)] * 4  # capture and live pass of each CHAI evaluation
+
+
+def test_another_packs_attention_override_keeps_seeing_every_attention_call(env):
+    """An optimized_attention_override already on the MODEL (as attention-kernel packs set) is chained: it gets
+    every attention call of the live pass, block 0's self-attention with the donor's keys included."""
+    p21, sigma = env["p21"], float(env["sigmas"][1])
+    gen = torch.Generator().manual_seed(14)
+    x, donor = torch.randn(SHAPE_21, generator=gen), torch.randn(SHAPE_21, generator=gen)
+    seen: list[tuple[int, ...]] = []
+
+    def theirs(func, *args, **kwargs):
+        seen.append(tuple(args[1].shape))
+        return func(*args, **kwargs)
+
+    base = p21.clone()
+    base.model_options["transformer_options"]["optimized_attention_override"] = theirs
+    plain = evaluate(base, x, sigma, env["cond"], [0])
+    calls = len(seen)  # 2 blocks x (self + cross)
+    assert calls == 4
+    seen.clear()
+    run = make_run(env, {1: donor})
+    out = evaluate(patched(env, base), x, sigma, env["cond"], [0], run)
+    assert len(seen) == calls and run.fired_steps == (2,)  # the capture pass stops before attending
+    assert (out - plain).abs().max() > 1e-3
