@@ -22,15 +22,18 @@ from .adapters.base import get_adapter
 from .config import ChaiConfig
 from .constants import CAPTURE_KEY, RUN_KEY
 from .donors import DonorCapture
+from .conditioning import conditioning_digest
 from .fingerprint import model_fingerprint
+from .hooks import WRAPPER_KEY as HOOK_WRAPPER_KEY
 from .flow import Schedule, finish_fast, finish_full, plan_request, trace_for
 from .payloads import CacheHit, SampleTrace
 from .run import COND, CacheAttentionRun
-from .steps import CapturePlan, first_value, match_step
+from .steps import CapturePlan, as_sigmas, first_value, match_step
 
 log = logging.getLogger(__name__)
 
 SAMPLE_ELEMENTS = 256  # elements read from each weight tensor for the weights digest
+WAN22_BOUNDARY = 0.875  # Wan 2.2 A14B text-to-video: the low-noise expert samples below this sigma (i2v: 0.9)
 
 
 
@@ -164,6 +167,25 @@ def comfy_model_fingerprint(model: Any) -> str:
     return model_fingerprint(net, weights_id=f"sampled:{weights[:24]}", dtype=model.model_dtype(), extra=extra)
 
 
+def request_fingerprint(model: Any, model_2: Any = None, conditioning: str | None = None) -> str:
+    """The fingerprint a cache entry is keyed by: the MODEL's, or, for a pair of experts (Wan 2.2 A14B: high-noise
+    `model`, low-noise `model_2`) and/or an image conditioning digest (`conditioning.conditioning_digest`), one over
+    all of them ('<class>+<class>@...' / '...+image@...'), so an entry only serves the same pair and image.
+    The switching boundary is not part of it: the donors are captured at high-noise steps, before any switch."""
+    base = comfy_model_fingerprint(model)
+    if model_2 is None and not conditioning:
+        return base
+    parts, names = [base], [base.split("@")[0]]
+    if model_2 is not None:
+        second = comfy_model_fingerprint(model_2)
+        parts.append(second)
+        names.append(second.split("@")[0])
+    if conditioning:
+        parts.append(conditioning)
+        names.append("image")
+    return f"{'+'.join(names)}@{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:16]}"
+
+
 # ---------------------------------------------------------------------------------------------- text encoders
 
 def _phrase_vector(clip: Any, phrase: str) -> Tensor:
@@ -294,13 +316,28 @@ def _restore_object_patches(clone: Any, keys: set[str]) -> None:
             comfy.utils.set_attr(clone.model, key, backup.pop(key))
 
 
+def expert_stages(sigmas: Any, model: Any, model_2: Any = None,
+                  boundary: float = WAN22_BOUNDARY) -> list[tuple[Any, Any]]:
+    """(MODEL, sigmas) per sampling stage: one stage, or with a second expert (Wan 2.2 A14B) the steps at sigma >=
+    boundary on `model` and the rest on `model_2`, as the two-KSamplerAdvanced graph splits them."""
+    values = as_sigmas(sigmas)
+    switch = sum(1 for s in values[:-1] if s >= boundary)
+    if model_2 is None or switch == 0:
+        return [(model_2 if model_2 is not None else model, sigmas)]
+    if switch >= len(values) - 1:
+        return [(model, sigmas)]
+    return [(model, sigmas[:switch + 1]), (model_2, sigmas[switch:])]
+
+
 def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, Any], *, seed: int, cfg: float,
                 sampler_name: str, scheduler: str, config: ChaiConfig, schedule: Schedule,
-                hit: CacheHit | None = None) -> tuple[dict[str, Any], SampleTrace]:
+                hit: CacheHit | None = None, model_2: Any = None,
+                boundary: float = WAN22_BOUNDARY) -> tuple[dict[str, Any], SampleTrace]:
     """Sample a LATENT as ComfyUI's KSampler does: fast with Cache Attention on a usable hit, else full with capture.
 
-    schedule(steps) gives the sigmas (e.g. `comfy_schedule`); scheduler is only its label for reports. Returns the
-    output LATENT (a copy of the input dict with new samples) and the trace for CHAI_CacheWrite.
+    schedule(steps) gives the sigmas (e.g. `comfy_schedule`); scheduler is only its label for reports. model_2: a
+    second expert (Wan 2.2 A14B low-noise) for the steps below `boundary`. Returns the output LATENT (a copy of the
+    input dict with new samples) and the trace for CHAI_CacheWrite.
     """
     import comfy.model_management
     import comfy.patcher_extension
@@ -313,7 +350,9 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
     comfy.model_management.throw_exception_if_processing_interrupted()
     check_sampler_name(sampler_name)
     adapter = get_adapter(model)  # an unsupported model fails here, before any sampling, naming the supported ones
-    fingerprint = comfy_model_fingerprint(model)
+    if model_2 is not None:
+        get_adapter(model_2)
+    fingerprint = request_fingerprint(model, model_2, conditioning_digest(positive, latent))
     samples = prepared_latent(model, latent)
     shape = tuple(samples.shape)
     plan = plan_request(hit, fingerprint=fingerprint, shape=shape, config=config, adapter=adapter,
@@ -322,36 +361,46 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
     capture = ModelInputCapture(plan.capture, plan.sigmas, shape) if plan.capture is not None else None
 
     noise = comfy.sample.prepare_noise(samples, seed, latent.get("batch_index"))
-    clone = model.clone()
-    added: set[str] = set()
-    if run is not None:
-        before = set(clone.object_patches)
-        adapter.comfy_install(clone, run_key=RUN_KEY)
-        added = set(clone.object_patches) - before
-        # After the install: set_model_patch_replace replaces the transformer_options dict.
-        clone.model_options.setdefault("transformer_options", {})[RUN_KEY] = run
-    else:
-        clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY, capture)
+    stages = []
+    for expert, sigmas in expert_stages(plan.schedule, model, model_2, boundary):
+        clone = expert.clone()
+        added: set[str] = set()
+        if run is not None:
+            before = set(clone.object_patches)
+            get_adapter(clone).comfy_install(clone, run_key=RUN_KEY)
+            added = set(clone.object_patches) - before
+            # After the install: set_model_patch_replace replaces the transformer_options dict.
+            clone.model_options.setdefault("transformer_options", {})[RUN_KEY] = run
+        else:
+            clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY, capture)
+        stages.append((clone, sigmas, added))
 
-    preview = latent_preview.prepare_callback(clone, len(plan.sigmas) - 1)
+    total = len(plan.sigmas) - 1
+    preview = latent_preview.prepare_callback(stages[0][0], total)
+    offset = 0
 
     def callback(step: int, x0: Tensor, x: Tensor, total_steps: int) -> None:
         # The progress hook checks too, but only when a server installed it; this works in every host.
         comfy.model_management.throw_exception_if_processing_interrupted()
-        preview(step, x0, x, total_steps)
+        preview(step + offset, x0, x, total)
 
     setup = time.perf_counter()
+    out = samples
     try:
-        out = comfy.sample.sample_custom(
-            clone, noise, cfg, comfy.samplers.sampler_object(sampler_name), plan.schedule, positive, negative,
-            samples, noise_mask=latent.get("noise_mask"), callback=callback,
-            disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+        for i, (clone, sigmas, _) in enumerate(stages):
+            out = comfy.sample.sample_custom(
+                clone, noise if i == 0 else torch.zeros_like(noise), cfg, comfy.samplers.sampler_object(sampler_name),
+                sigmas, positive, negative, out, noise_mask=latent.get("noise_mask"), callback=callback,
+                disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+            offset += len(sigmas) - 1
     finally:
         if run is not None:
             run.release()
-        clone.model_options.get("transformer_options", {}).pop(RUN_KEY, None)
-        clone.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY)
-        _restore_object_patches(clone, added)
+        for clone, _, added in stages:
+            clone.model_options.get("transformer_options", {}).pop(RUN_KEY, None)
+            clone.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY)
+            clone.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, HOOK_WRAPPER_KEY)
+            _restore_object_patches(clone, added)
     done = time.perf_counter()
     report.timings = {"setup": setup - start, "sample": done - setup}
 
@@ -373,5 +422,5 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
 __all__ = [
     "SharedRun", "original_weights_digest", "patches_digest", "comfy_model_fingerprint", "text_encoder_name",
     "encode_phrases", "prepared_latent", "latent_shape", "check_sampler_name", "comfy_schedule", "ModelInputCapture",
-    "chai_sample",
+    "request_fingerprint", "expert_stages", "chai_sample", "WAN22_BOUNDARY",
 ]

@@ -111,7 +111,8 @@ class CacheHit:
             return self.reason or "no hit"
         if fingerprint != self.fingerprint:
             return (f"the hit was looked up for another model (fingerprint {self.fingerprint}, this sampler's "
-                    f"model {fingerprint}); connect the same MODEL to the lookup and the sampler")
+                    f"model {fingerprint}); connect the same MODEL to the lookup and the sampler (and the same "
+                    "model_2 for Wan 2.2 A14B, the same positive conditioning for image-to-video)")
         if tuple(shape) != tuple(self.shape):
             return (f"the hit was looked up for a latent of shape {list(self.shape)}, this sampler's latent is "
                     f"{list(shape)}; connect the same LATENT to the lookup and the sampler")

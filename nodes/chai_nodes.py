@@ -37,6 +37,7 @@ APPLY_TO = list(constants.APPLY_TO)
 # 0.65 it is not calibrated: set the lookup's threshold explicitly after checking a few reports.
 TEXT_ENCODER_THRESHOLD = 0.85
 MAX_STEPS = 1000
+WAN22_BOUNDARY = 0.875  # Wan 2.2 A14B text-to-video switches experts below this sigma (image-to-video: 0.9)
 
 _EXTRACTOR: Any = None
 _EXTRACTOR_LOCK = threading.Lock()  # guards _EXTRACTOR only
@@ -148,6 +149,12 @@ class CacheLookup(io.ComfyNode):
                             "cached one; only the main subject or the scene can make a hit. 0 = auto: the "
                             "embedder's calibrated value (MiniLM 0.65, chosen on labelled request/donor pairs). "
                             "Raise towards 0.85 for stricter, fewer hits."),
+                io.Model.Input("model_2", optional=True,
+                               tooltip="Wan 2.2 A14B: the low-noise expert (the sampler's model_2 or the second "
+                                       "sampler's MODEL); a cache entry serves the same pair of experts only."),
+                io.Conditioning.Input("positive", optional=True,
+                                      tooltip="Image-to-video: the positive conditioning the sampler gets (it "
+                                              "holds the start image); a donor must come from the same image(s)."),
             ],
             outputs=[
                 CHAI_HIT.Output("hit", display_name="hit",
@@ -168,20 +175,22 @@ class CacheLookup(io.ComfyNode):
         return threshold, reader_generation(f"CHAI_CacheLookup:{executing_node_id()}")
 
     @classmethod
-    def execute(cls, cache: Any, entities: Any, model: Any, latent: dict, threshold: float) -> io.NodeOutput:
+    def execute(cls, cache: Any, entities: Any, model: Any, latent: dict, threshold: float, model_2: Any = None,
+                positive: Any = None) -> io.NodeOutput:
         node = "CHAI Cache Lookup"
         with user_errors(node):
             from ..chai_attention.adapters import get_adapter
             from ..chai_attention.cache_io import lookup_hit
-            from ..chai_attention.comfy_glue import comfy_model_fingerprint, latent_shape
+            from ..chai_attention.comfy_glue import latent_shape, request_fingerprint
+            from ..chai_attention.conditioning import conditioning_digest
 
             from ..cache_store.service import note_lookup
             from .cache_nodes import executing_node_id
 
             get_adapter(model)  # an unsupported model is refused here, naming the supported ones
             note_lookup(f"CHAI_CacheLookup:{executing_node_id()}", cache)
-            hit = lookup_hit(cache, entities, comfy_model_fingerprint(model), latent_shape(model, latent),
-                             threshold)
+            fingerprint = request_fingerprint(model, model_2, conditioning_digest(positive, latent))
+            hit = lookup_hit(cache, entities, fingerprint, latent_shape(model, latent), threshold)
         from ..chai_attention.status import lookup_status
 
         report = format_lookup(hit)
@@ -254,6 +263,12 @@ class Sampler(io.ComfyNode):
                 CHAI_HIT.Input("hit", optional=True,
                                tooltip="The lookup result from CHAI Cache Lookup. Not connected, or a miss: the "
                                        "full schedule runs and the donors are captured."),
+                io.Model.Input("model_2", optional=True,
+                               tooltip="Wan 2.2 A14B: the low-noise expert; it samples the steps below 'boundary', "
+                                       "'model' (the high-noise expert) the others. Connect it to the lookup too."),
+                io.Float.Input("boundary", default=WAN22_BOUNDARY, min=0.0, max=1.0, step=0.005, optional=True,
+                               tooltip="With model_2: the sigma below which model_2 samples (Wan 2.2 A14B: 0.875 "
+                                       "text-to-video, 0.9 image-to-video)."),
             ],
             outputs=[
                 io.Latent.Output("samples", display_name="LATENT", tooltip="The sampled latent (decode it as usual)."),
@@ -286,7 +301,8 @@ class Sampler(io.ComfyNode):
     @classmethod
     def execute(cls, model: Any, positive: Any, negative: Any, latent: dict, seed: int, cfg: float,
                 sampler_name: str, scheduler: str, full_steps: int, fast_steps: int, cache_steps: str,
-                kv_mode: str, apply_to: str, hit: Any = None) -> io.NodeOutput:
+                kv_mode: str, apply_to: str, hit: Any = None, model_2: Any = None,
+                boundary: float = WAN22_BOUNDARY) -> io.NodeOutput:
         node = "CHAI Sampler"
         with user_errors(node):
             from ..chai_attention.comfy_glue import chai_sample, comfy_schedule
@@ -300,7 +316,7 @@ class Sampler(io.ComfyNode):
                 schedule = comfy_schedule(model, sampler_name, scheduler)
             out, trace = chai_sample(model, positive, negative, latent, seed=seed, cfg=cfg,
                                      sampler_name=sampler_name, scheduler=scheduler, config=config,
-                                     schedule=schedule, hit=hit)
+                                     schedule=schedule, hit=hit, model_2=model_2, boundary=boundary)
         from ..chai_attention.status import sampler_status
 
         report = (f"{trace.report.text()}\nsampler {sampler_name}, scheduler {scheduler}, cfg {cfg:g}, seed {seed}")

@@ -62,6 +62,7 @@ WARMUP_PROMPTS = "\n".join([
 # properties.models and offers the download when a file is missing.
 HF = "https://huggingface.co"
 WAN_REPACK = f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files"
+WAN22_REPACK = f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files"
 MODEL_FILES = {
     "opensora_stdit3": {"name": "OpenSora-STDiT-v3.safetensors", "directory": "diffusion_models",
                         "url": f"{HF}/hpcai-tech/OpenSora-STDiT-v3/resolve/main/model.safetensors"},
@@ -75,6 +76,14 @@ MODEL_FILES = {
                  "url": f"{WAN_REPACK}/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors"},
     "wan21_vae": {"name": "wan_2.1_vae.safetensors", "directory": "vae",
                   "url": f"{WAN_REPACK}/vae/wan_2.1_vae.safetensors"},
+    "wan22_t2v_high": {"name": "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "directory": "diffusion_models",
+                       "url": f"{WAN22_REPACK}/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"},
+    "wan22_t2v_low": {"name": "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors", "directory": "diffusion_models",
+                      "url": f"{WAN22_REPACK}/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"},
+    "wan22_ti2v_5b": {"name": "wan2.2_ti2v_5B_fp16.safetensors", "directory": "diffusion_models",
+                      "url": f"{WAN22_REPACK}/diffusion_models/wan2.2_ti2v_5B_fp16.safetensors"},
+    "wan22_vae": {"name": "wan2.2_vae.safetensors", "directory": "vae",
+                  "url": f"{WAN22_REPACK}/vae/wan2.2_vae.safetensors"},
 }
 
 
@@ -162,8 +171,8 @@ def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], n
     ents = g.node("CHAI_EntityExtract", (a, 380), [""], size=(320, 240))
     g.link(prompt, 0, ents, "prompt")
     sampler_id = g.node("CHAI_Sampler", (b, 460 if with_lookup else 40),
-                        [42, "randomize", cfg, sampler, scheduler, 30, 8, "2,3,4", "replace", "cond"],
-                        size=(380, 660))
+                        [42, "randomize", cfg, sampler, scheduler, 30, 8, "2,3,4", "replace", "cond", 0.875],
+                        size=(380, 700))
     for name, (src, slot) in (("model", (model, 0)), ("positive", positive), ("negative", negative),
                               ("latent", (latent, 0))):
         g.link(src, slot, sampler_id, name)
@@ -279,6 +288,136 @@ def wan21_t2v() -> UIGraph:
     return g
 
 
+def wan_text(g: UIGraph, prompt: int, y: int) -> tuple[int, int]:
+    """umT5 text encoder, positive (the shared prompt) and negative CLIPTextEncode nodes."""
+    clip = g.node("CLIPLoader", (0, y), ["umt5_xxl_fp8_e4m3fn_scaled.safetensors", "wan", "default"],
+                  models=("umt5_xxl",))
+    positive = g.node("CLIPTextEncode", (0, y + 160), [""], title="Positive", size=(380, 120))
+    g.link(clip, 0, positive, "clip")
+    g.link(prompt, 0, positive, "text")
+    negative = g.node("CLIPTextEncode", (0, y + 320), [WAN_NEGATIVE], title="Negative", size=(380, 160))
+    g.link(clip, 0, negative, "clip")
+    return positive, negative
+
+
+def apply_nodes(g: UIGraph, model: int, latent: int, prompt: int, *, cache_name: str, sampler: str, x: int,
+                model_2: int | None = None, positive: int | None = None) -> tuple[int, int, int, int]:
+    """Cache, entity extract, lookup and CHAI Apply; returns (apply, cache, entities, lookup) node ids."""
+    cache = g.node("CHAI_CacheOpen", (x, 40), [cache_name, 2.0, "lru", "minilm"], size=(300, 140))
+    ents = g.node("CHAI_EntityExtract", (x, 220), [""], size=(300, 120))
+    g.link(prompt, 0, ents, "prompt")
+    lookup = g.node("CHAI_CacheLookup", (x, 380), [0.0], size=(300, 200))
+    for name, src in (("cache", cache), ("entities", ents), ("model", model), ("latent", latent)):
+        g.link(src, 0, lookup, name)
+    apply = g.node("CHAI_Apply", (x + 340, 40), [sampler, "simple", 30, 8, "2,3,4", "replace", "cond", 0.875],
+                   size=(340, 420))
+    g.link(model, 0, apply, "model")
+    g.link(latent, 0, apply, "latent")
+    g.link(lookup, 0, apply, "hit")
+    for name, src in (("model_2", model_2), ("positive", positive)):
+        if src is not None:
+            g.link(src, 0, lookup, name)
+            g.link(src, 0, apply, name)
+    return apply, cache, ents, lookup
+
+
+def trace_and_write(g: UIGraph, apply: int, samples: int, cache: int, ents: int, x: int) -> None:
+    """CHAI Apply Trace after the (last) sampler, then Cache Write and Stats."""
+    trace = g.node("CHAI_ApplyTrace", (x, 40), [], size=(300, 100))
+    g.link(apply, 4, trace, "chai")
+    g.link(samples, 0, trace, "samples")
+    write = g.node("CHAI_CacheWrite", (x, 180), [], size=(300, 160))
+    g.link(cache, 0, write, "cache")
+    g.link(ents, 0, write, "entities")
+    g.link(trace, 0, write, "trace")
+    stats = g.node("CHAI_CacheStats", (x, 380), ["show"], size=(300, 220))
+    g.link(cache, 0, stats, "cache")
+    g.link(write, 0, stats, "after")
+
+
+def wan22_a14b_t2v() -> UIGraph:
+    """Wan 2.2 T2V A14B: the standard two-KSamplerAdvanced graph (high-noise then low-noise expert) with CHAI Apply."""
+    g = UIGraph("chai_wan22_a14b_t2v")
+    g.note((-420, 40), "## CHAI on Wan 2.2 T2V A14B (two experts)\n\nComfyUI's two-sampler Wan 2.2 graph with CHAI "
+                       "Apply on the high-noise expert: it gives both KSamplerAdvanced their step count (30 on a "
+                       "miss, 8 on a hit) and the switch step (where sigma falls below 0.875). Cache Attention runs "
+                       "at steps 2, 3, 4 of a hit, all on the high-noise expert. The low-noise expert goes to the "
+                       "lookup and CHAI Apply as model_2: a cache entry serves this pair only.\n\n"
+           + files_note("wan22_t2v_high", "wan22_t2v_low", "umt5_xxl", "wan21_vae"), size=(420, 520))
+    prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
+    unets = []
+    for i, key in enumerate(("wan22_t2v_high", "wan22_t2v_low")):
+        unet = g.node("UNETLoader", (0, 240 + 240 * i), [MODEL_FILES[key]["name"], "default"], models=(key,),
+                      title=("High-noise expert", "Low-noise expert")[i])
+        shift = g.node("ModelSamplingSD3", (0, 400 + 240 * i), [8.0], size=(300, 80))
+        g.link(unet, 0, shift, "model")
+        unets.append(shift)
+    high, low = unets
+    positive, negative = wan_text(g, prompt, 760)
+    latent = g.node("EmptyHunyuanLatentVideo", (0, 1280), [832, 480, 81, 1], size=(320, 160))
+    apply, cache, ents, _ = apply_nodes(g, high, latent, prompt, cache_name="wan22_a14b", sampler="euler", x=440,
+                                        model_2=low)
+    samplers = []
+    for i, (model, noise, leftover) in enumerate(((apply, "enable", "enable"), (low, "disable", "disable"))):
+        ks = g.node("KSamplerAdvanced", (1120, 40 + 560 * i),
+                    [noise, 42, "randomize", 30, 3.5, "euler", "simple", 0, 10000, leftover], size=(340, 520),
+                    title=("High-noise steps", "Low-noise steps")[i])
+        g.link(model, 0, ks, "model")
+        g.link(positive, 0, ks, "positive")
+        g.link(negative, 0, ks, "negative")
+        g.link(apply, 2, ks, "steps")
+        g.link(apply, 3, ks, "end_at_step" if i == 0 else "start_at_step")
+        g.link(latent if i == 0 else samplers[0], 0, ks, "latent_image")
+        samplers.append(ks)
+    trace_and_write(g, apply, samplers[1], cache, ents, 1500)
+    vae = g.node("VAELoader", (1500, 640), ["wan_2.1_vae.safetensors"], size=(320, 80), models=("wan21_vae",))
+    decode = g.node("VAEDecode", (1500, 760), [], size=(220, 60))
+    g.link(samplers[1], 0, decode, "samples")
+    g.link(vae, 0, decode, "vae")
+    save_video(g, decode, 880, 16.0, "CHAI_wan22_a14b", fps_from_decode=False)
+    return g
+
+
+def wan22_5b_i2v() -> UIGraph:
+    """Wan 2.2 TI2V 5B image to video: CHAI Apply with SamplerCustomAdvanced and CFGGuider."""
+    g = UIGraph("chai_wan22_5b_i2v")
+    g.note((-420, 40), "## CHAI on Wan 2.2 TI2V 5B, image to video\n\nA start image (LoadImage) animated with "
+                       "many prompts: a request hits only cache entries made from **the same image** (and sharing "
+                       "an entity), since Cache Attention pulls the early structure of the donor's video into the "
+                       "new one. CHAI Apply feeds SamplerCustomAdvanced its MODEL and SIGMAS (30 steps on a miss, "
+                       "8 on a hit).\n\n" + files_note("wan22_ti2v_5b", "umt5_xxl", "wan22_vae"),
+           size=(420, 480))
+    prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
+    unet = g.node("UNETLoader", (0, 240), [MODEL_FILES["wan22_ti2v_5b"]["name"], "default"],
+                  models=("wan22_ti2v_5b",))
+    model = g.node("ModelSamplingSD3", (0, 400), [8.0], size=(300, 80))
+    g.link(unet, 0, model, "model")
+    positive, negative = wan_text(g, prompt, 520)
+    image = g.node("LoadImage", (0, 1040), ["example.png"], title="Start image", size=(320, 320))
+    vae = g.node("VAELoader", (0, 1400), ["wan2.2_vae.safetensors"], size=(320, 80), models=("wan22_vae",))
+    latent = g.node("Wan22ImageToVideoLatent", (0, 1520), [1280, 704, 49, 1], size=(320, 160))
+    g.link(vae, 0, latent, "vae")
+    g.link(image, 0, latent, "start_image")
+    apply, cache, ents, _ = apply_nodes(g, model, latent, prompt, cache_name="wan22_5b_i2v", sampler="uni_pc",
+                                        x=440, positive=positive)
+    noise = g.node("RandomNoise", (1120, 40), [42, "randomize"], size=(300, 100))
+    guider = g.node("CFGGuider", (1120, 180), [5.0], size=(300, 140))
+    g.link(apply, 0, guider, "model")
+    g.link(positive, 0, guider, "positive")
+    g.link(negative, 0, guider, "negative")
+    select = g.node("KSamplerSelect", (1120, 360), ["uni_pc"], size=(300, 80))
+    custom = g.node("SamplerCustomAdvanced", (1120, 480), [], size=(300, 200))
+    for name, src in (("noise", noise), ("guider", guider), ("sampler", select), ("latent_image", latent)):
+        g.link(src, 0, custom, name)
+    g.link(apply, 1, custom, "sigmas")
+    trace_and_write(g, apply, custom, cache, ents, 1500)
+    decode = g.node("VAEDecode", (1500, 640), [], size=(220, 60))
+    g.link(custom, 0, decode, "samples")
+    g.link(vae, 0, decode, "vae")
+    save_video(g, decode, 760, 24.0, "CHAI_wan22_5b_i2v", fps_from_decode=False)
+    return g
+
+
 def opensora_warmup() -> UIGraph:
     """A batch of prompts through the miss path (full schedule, capture, write) to fill an OpenSora cache."""
     g = UIGraph("chai_opensora_warmup")
@@ -303,7 +442,8 @@ def opensora_warmup() -> UIGraph:
 
 
 WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
-             "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v}
+             "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v,
+             "chai_wan22_a14b_t2v": wan22_a14b_t2v, "chai_wan22_5b_i2v": wan22_5b_i2v}
 # The UI files' names. ComfyUI's template browser titles a custom node pack's template with its file name and
 # describes it with the same name ('-' and '_' shown as spaces), so the names are written to be read (no '-' or
 # '_'). The API twins and the tests keep the short keys; tests/workflows/template_files.json maps one to the other.
@@ -312,6 +452,8 @@ TEMPLATE_FILES = {
     "chai_opensora_t2v": "CHAI OpenSora 1.2, text to video with Cache Attention",
     "chai_wan21_t2v": "CHAI Wan 2.1 T2V 1.3B, text to video with Cache Attention",
     "chai_opensora_warmup": "CHAI OpenSora 1.2, warm up a cache from a prompt list",
+    "chai_wan22_a14b_t2v": "CHAI Wan 2.2 A14B, two experts, CHAI Apply with KSamplerAdvanced",
+    "chai_wan22_5b_i2v": "CHAI Wan 2.2 TI2V 5B, image to video with CHAI Apply",
 }
 
 

@@ -34,6 +34,12 @@ DIAGRAMS = {
     "chai_opensora_warmup": ("Warm up a CHAI cache", "a prompt list, each stored for later hits",
                              ["Prompt List", "STDiT3 + T5", "Entity Extract", "CHAI Sampler (full)",
                               "Cache Write", "Cache Stats"]),
+    "chai_wan22_a14b_t2v": ("CHAI on Wan 2.2 A14B", "two experts, two KSamplerAdvanced, CHAI Apply",
+                            ["Cache Lookup (both experts)", "CHAI Apply (high-noise)", "KSamplerAdvanced high",
+                             "KSamplerAdvanced low", "CHAI Apply Trace", "Cache Write"]),
+    "chai_wan22_5b_i2v": ("CHAI on Wan 2.2 TI2V 5B", "image to video: donors of the same image",
+                          ["Start image + Wan 2.2 VAE", "Cache Lookup (image)", "CHAI Apply",
+                           "SamplerCustomAdvanced", "CHAI Apply Trace", "Cache Write"]),
 }
 
 

@@ -244,3 +244,27 @@ def test_patches_digest_tells_strengths_and_patch_tensors_apart():
     assert patches_digest(one) != patches_digest(_Patcher({"w": [(1.0, ("lora", (up * 2, up.T, None)), 1.0, None,
                                                                   None)]}))
     assert patches_digest(_Patcher({})) == patches_digest(_Patcher({}))
+
+
+def test_conditioning_digest_names_the_image_and_nothing_else():
+    from comfyui_chai.chai_attention.conditioning import conditioning_digest
+
+    class VisionOutput:  # the shape of comfy.clip_vision.Output: tensors as attributes
+        def __init__(self, seed: int) -> None:
+            self.penultimate_hidden_states = torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(seed))
+
+    text = torch.zeros(1, 2, 3)
+    image = torch.randn(1, 16, 2, 4, 4, generator=torch.Generator().manual_seed(0))
+
+    def cond(seed: int, **extra) -> list:
+        return [[text, {"concat_latent_image": image * seed, "concat_mask": torch.zeros(1, 1, 2, 4, 4),
+                        "clip_vision_output": VisionOutput(seed), **extra}]]
+
+    assert conditioning_digest([[text, {}]], {"samples": torch.zeros(1, 4)}) is None  # text-to-video
+    assert conditioning_digest(cond(1)) == conditioning_digest(cond(1)) and conditioning_digest(cond(1)).startswith(
+        "image:")
+    assert conditioning_digest(cond(1)) != conditioning_digest(cond(2))
+    assert conditioning_digest(cond(1)) == conditioning_digest(cond(1, pooled_output=torch.ones(3)))  # text only
+    kept = {"samples": image, "noise_mask": torch.ones(1, 1, 2, 4, 4)}
+    other = {"samples": image + 1, "noise_mask": kept["noise_mask"]}
+    assert conditioning_digest([[text, {}]], kept) not in (None, conditioning_digest([[text, {}]], other))

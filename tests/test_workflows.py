@@ -16,12 +16,13 @@ REPO = Path(__file__).resolve().parents[1]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
 TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 SPECS = {kind: spec["widgets"] for kind, spec in SPEC_DOC.items()}
-NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v"]
+NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v", "chai_wan22_a14b_t2v",
+         "chai_wan22_5b_i2v"]
 CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
             "CHAI_CacheStats", "CHAI_PromptList", "CHAI_OpenSoraModelLoader", "CHAI_OpenSoraTextEncode",
             "CHAI_OpenSoraEmptyLatent", "CHAI_OpenSoraScheduler", "CHAI_OpenSoraModelSampling",
             "CHAI_OpenSoraVAELoader", "CHAI_OpenSoraVAEDecode", "CHAI_OpenSoraVAEEncode",
-            "CHAI_ToyTextEncode", "CHAI_ToyEmptyLatent", "CHAI_ToyDecode"}
+            "CHAI_ToyTextEncode", "CHAI_ToyEmptyLatent", "CHAI_ToyDecode", "CHAI_Apply", "CHAI_ApplyTrace"}
 
 
 def load(name: str) -> tuple[dict, dict]:
@@ -67,7 +68,7 @@ def test_links_are_well_typed_and_every_required_socket_is_connected(name):
         if node["type"].startswith("CHAI_"):
             assert node["type"] in CHAI_IDS, node["type"]  # only released ids
         spec = SPEC_DOC[node["type"]]
-        optional_sockets = {"hit", "clip", "audio"}
+        optional_sockets = {"hit", "clip", "audio", "model_2", "positive", "start_image"}
         for input_name, kind in spec["inputs"]:
             if kind in WIDGET_TYPES or input_name in optional_sockets:
                 continue
@@ -160,6 +161,42 @@ def test_toy_workflow_runs_chai_on_the_shipped_model_and_saves_a_video():
     assert only(api, "SaveVideo")[1]["inputs"]["video"] == [video_id, 0]
 
 
+def test_wan22_a14b_workflow_is_the_two_sampler_graph_with_chai_apply_on_the_high_noise_expert():
+    _, api = load("chai_wan22_a14b_t2v")
+    apply_id, apply = only(api, "CHAI_Apply")
+    lookup_id, lookup = only(api, "CHAI_CacheLookup")
+    high, low = apply["inputs"]["model"], apply["inputs"]["model_2"]
+    assert high != low and lookup["inputs"]["model"] == high and lookup["inputs"]["model_2"] == low
+    assert apply["inputs"]["hit"] == [lookup_id, 0] and apply["inputs"]["boundary"] == 0.875
+    first, second = sorted(by_type(api, "KSamplerAdvanced"), key=lambda kv: kv[1]["inputs"]["add_noise"] != "enable")
+    assert first[1]["inputs"]["model"] == [apply_id, 0] and second[1]["inputs"]["model"] == low
+    for _, ks in (first, second):
+        assert ks["inputs"]["steps"] == [apply_id, 2]
+    assert first[1]["inputs"]["end_at_step"] == [apply_id, 3] and second[1]["inputs"]["start_at_step"] == [apply_id, 3]
+    assert second[1]["inputs"]["latent_image"] == [first[0], 0]
+    assert first[1]["inputs"]["return_with_leftover_noise"] == "enable"
+    assert second[1]["inputs"]["add_noise"] == "disable"
+    trace_id, trace = only(api, "CHAI_ApplyTrace")
+    assert trace["inputs"] == {"chai": [apply_id, 4], "samples": [second[0], 0]}
+    assert only(api, "CHAI_CacheWrite")[1]["inputs"]["trace"] == [trace_id, 0]
+
+
+def test_wan22_5b_image_workflow_feeds_sampler_custom_advanced_and_ties_donors_to_the_image():
+    _, api = load("chai_wan22_5b_i2v")
+    apply_id, apply = only(api, "CHAI_Apply")
+    latent_id, latent = only(api, "Wan22ImageToVideoLatent")
+    image_id, _ = only(api, "LoadImage")
+    assert latent["inputs"]["start_image"] == [image_id, 0] and apply["inputs"]["latent"] == [latent_id, 0]
+    _, lookup = only(api, "CHAI_CacheLookup")
+    assert lookup["inputs"]["positive"] == apply["inputs"]["positive"] and "model_2" not in apply["inputs"]
+    guider_id, guider = only(api, "CFGGuider")
+    assert guider["inputs"]["model"] == [apply_id, 0] and guider["inputs"]["positive"] == apply["inputs"]["positive"]
+    custom_id, custom = only(api, "SamplerCustomAdvanced")
+    assert custom["inputs"]["sigmas"] == [apply_id, 1] and custom["inputs"]["guider"] == [guider_id, 0]
+    assert only(api, "KSamplerSelect")[1]["inputs"]["sampler_name"] == apply["inputs"]["sampler_name"]
+    assert only(api, "CHAI_ApplyTrace")[1]["inputs"]["samples"] == [custom_id, 0]
+
+
 # ------------------------------------------------------------------------------------------- the converter
 
 def _node(node_id, kind, widgets, inputs=(), mode=0, outputs=()):
@@ -216,7 +253,8 @@ LOADERS = {"CHAI_OpenSoraModelLoader": "diffusion_models", "UNETLoader": "diffus
            "CLIPLoader": "text_encoders", "CHAI_OpenSoraVAELoader": "vae", "VAELoader": "vae"}
 
 
-@pytest.mark.parametrize("name", ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup"])
+@pytest.mark.parametrize("name", ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup",
+                                  "chai_wan22_a14b_t2v", "chai_wan22_5b_i2v"])
 def test_every_model_loader_carries_its_file_folder_and_download_link_and_the_note_says_where_it_goes(name):
     ui, _ = load(name)
     note = next(n for n in ui["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]

@@ -165,3 +165,29 @@ def test_the_frontend_shows_each_report_and_status_on_its_node_and_marks_cached_
                     assert _wait_for(fresh, node, CACHED_NOTE, start=True) == f"{CACHED_NOTE}\n{report}"
         finally:
             browser.close()
+
+
+def test_every_shipped_workflow_loads_with_every_node_resolved_and_converts_to_its_api_twin(server):
+    """The stock frontend loads each workflows/*.json with all node types known, and its own UI -> API conversion
+    (app.graphToPrompt, what queueing sends) equals the twin the other tests validate and run."""
+    url, _ = server
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(url)
+            page.wait_for_function("() => window.app?.graph && window.app.extensionManager", timeout=TIMEOUT_S * 1000)
+            known = set(page.evaluate("async () => Object.keys(await (await fetch('/object_info')).json())"))
+            for key, title in TEMPLATE_FILES.items():
+                workflow = json.loads((REPO / "workflows" / f"{title}.json").read_text())
+                twin = json.loads((REPO / "tests" / "workflows" / f"{key}_api.json").read_text())
+                assert {n["type"] for n in workflow["nodes"]} - known <= {"MarkdownNote"}, key
+                page.evaluate("(wf) => app.loadGraphData(wf)", workflow)
+                loaded = page.evaluate("() => app.graph.nodes.map((n) => n.type)")
+                assert sorted(loaded) == sorted(n["type"] for n in workflow["nodes"]), key
+                prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
+                got = {k: (v["class_type"], v["inputs"]) for k, v in prompt.items()}
+                want = {k: (v["class_type"], v["inputs"]) for k, v in twin.items()}
+                assert got == want, key
+        finally:
+            browser.close()

@@ -244,7 +244,7 @@ def test_nodes_appear_with_their_sockets_tooltips_and_category(comfy):
     assert list(sampler["required"]) == ["model", "positive", "negative", "latent", "seed", "cfg", "sampler_name",
                                          "scheduler", "full_steps", "fast_steps", "cache_steps", "kv_mode",
                                          "apply_to"]
-    assert list(sampler["optional"]) == ["hit"] and sampler["optional"]["hit"][0] == "CHAI_HIT"
+    assert list(sampler["optional"]) == ["hit", "model_2", "boundary"] and sampler["optional"]["hit"][0] == "CHAI_HIT"
     req = sampler["required"]
     assert req["seed"][1]["control_after_generate"] is True
     assert req["full_steps"][1]["default"] == 30 and req["fast_steps"][1]["default"] == 8
@@ -739,3 +739,38 @@ def test_wan_miss_then_hit_through_the_nodes_leaves_the_model_as_it_was(comfy, e
     assert model_state(base) == before
     assert (hit["latent"]["samples"] - reference).abs().max() > 1e-4  # (reference: plain 8 steps, same seed)
     assert torch.equal(plain(), reference)
+
+
+def test_opensora_through_chai_apply_and_sampler_custom_advanced_matches_chai_sampler(comfy, env):
+    """STDiT3 through CHAI Apply (SIGMAS of the exact OpenSora schedule) + CFGGuider + SamplerCustomAdvanced."""
+
+    def apply_graph(prompt: str, key: str) -> dict:
+        graph = chai_graph("t2-apply-opensora", prompt, key=key, scheduler="opensora")
+        graph["apply"] = {"class_type": "CHAI_Apply", "inputs": {
+            "model": ["model", 0], "latent": ["latent", 0], "sampler_name": "euler", "scheduler": "opensora",
+            "full_steps": 30, "fast_steps": 8, "cache_steps": "2,3,4", "kv_mode": "replace", "apply_to": "cond",
+            "hit": ["lookup", 0]}}
+        graph["guider"] = {"class_type": "CFGGuider", "inputs": {
+            "model": ["apply", 0], "positive": ["cond", 0], "negative": ["cond", 1], "cfg": 5.0}}
+        graph["noise"] = {"class_type": "RandomNoise", "inputs": {"noise_seed": SEED}}
+        graph["select"] = {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}
+        graph["sampler"] = {"class_type": "SamplerCustomAdvanced", "inputs": {
+            "noise": ["noise", 0], "guider": ["guider", 0], "sampler": ["select", 0], "sigmas": ["apply", 1],
+            "latent_image": ["latent", 0]}}
+        graph["trace"] = {"class_type": "CHAI_ApplyTrace", "inputs": {"chai": ["apply", 4], "samples": ["sampler", 0]}}
+        graph["write"]["inputs"]["trace"] = ["trace", 0]
+        graph["cap"]["inputs"]["trace"] = ["trace", 0]
+        graph["cap_report"]["inputs"]["text"] = ["trace", 1]
+        return graph
+
+    run_ok(comfy, apply_graph(DOG_BEACH, "ap0"))
+    miss = CAPTURED["ap0"]["trace"]
+    assert miss.mode == "full" and miss.donors is not None and miss.scheduler == "opensora"
+    run_ok(comfy, apply_graph(DOG_PARK, "ap1"))
+    hit = CAPTURED["ap1"]
+    assert hit["trace"].mode == "fast" and hit["trace"].fired_steps == (2, 3, 4)
+    assert {(f.kind, f.index) for f in hit["trace"].firings} == {("spatial", 0)}
+    run_ok(comfy, chai_graph("t2-apply-opensora", DOG_PARK, key="ap2", scheduler="opensora"))
+    same = CAPTURED["ap2"]
+    assert same["trace"].mode == "fast"
+    torch.testing.assert_close(same["latent"]["samples"], hit["latent"]["samples"], atol=1e-5, rtol=1e-5)
