@@ -16,8 +16,9 @@ from workflow_api import ui_to_api, widget_layout  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
 TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
-NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v"]
-FILE_INPUTS = {"model_name", "clip_name", "vae_name", "unet_name"}
+NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v", "chai_hunyuan_video_t2v",
+         "chai_ltxv_t2v"]
+FILE_INPUTS = {"model_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "unet_name", "ckpt_name"}
 
 
 def live_spec(comfy, kind: str) -> dict:
