@@ -4,7 +4,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, ClassVar, Sequence
 
-from torch import Tensor, nn
+from torch import nn
 
 from ..constants import RUN_KEY
 from ..run import BATCHED_CFG, CacheAttentionRun
@@ -30,10 +30,10 @@ def unwrap_model(model: Any, max_depth: int = 4) -> Any:
 class ModelAdapter(ABC):
     """What Cache Attention needs to know about one model family.
 
-    recognise the model; locate the first transformer block and its self-attention; turn a donor latent into
-    that block's modulated tokens (and from them K/V) at the current timestep; attend with the block's own
-    attention. How the patch is installed (an `attn_replace` mapping in pure torch, ModelPatcher hooks in
-    ComfyUI) is the subclass's or the glue's business.
+    recognise the model; locate the first transformer block and its self-attention; check that a run's donors can
+    serve it; install the patch (an `attn_replace` mapping in pure torch, ModelPatcher hooks in ComfyUI). Families
+    that ComfyUI runs mix in `chai_attention.hooks.HookAdapter`, which installs through ComfyUI's public hooks and
+    never computes any part of the model itself.
     """
 
     family: ClassVar[str] = ""
@@ -58,18 +58,6 @@ class ModelAdapter(ABC):
     @abstractmethod
     def block_self_attention(self) -> nn.Module:
         """That block's self-attention module."""
-
-    @abstractmethod
-    def donor_tokens(self, donor: Tensor, context: Any) -> Tensor:
-        """The donor latent as the first block's modulated self-attention input, at the context's timestep."""
-
-    @abstractmethod
-    def donor_kv(self, donor: Tensor, context: Any) -> tuple[Tensor, Tensor]:
-        """Donor keys and values in the block's attention layout, through its own projections and k-norm."""
-
-    @abstractmethod
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, context: Any) -> Tensor:
-        """The block's attention and output projection, as the unpatched block computes it."""
 
     def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
         """Raise ValueError when the run's donors cannot serve this model on a latent of `latent_shape`."""

@@ -35,6 +35,13 @@ _COMFY_TOP_LEVEL = ("nodes", "utils", "server", "execution", "folder_paths", "ap
                     "comfy_execution", "comfy_extras", "comfy_config")
 
 
+def cannot_import_message(comfy_dir: Path, exc: BaseException) -> str:
+    """The skip reason when this Python cannot import the ComfyUI at comfy_dir."""
+    return (f"tier 2 skipped: this Python ({sys.executable}) cannot import the ComfyUI at {ENV_VAR}={comfy_dir} "
+            f"({type(exc).__name__}: {exc}). Run tier 2 with a Python that runs that ComfyUI (its requirements "
+            f"and this pack's), e.g. {ENV_VAR}={comfy_dir} /path/to/comfy-venv/bin/python -m pytest tests/tier2")
+
+
 def comfyui_dir() -> Path | None:
     """The ComfyUI checkout named by COMFYUI_DIR, or None when the variable is unset."""
     value = os.environ.get(ENV_VAR)
@@ -167,16 +174,20 @@ def comfy(tmp_path_factory: pytest.TempPathFactory) -> ComfyHarness:
     _purge_foreign_modules(comfy_dir)
     try:
         from comfy.cli_args import args
-    except ImportError as exc:
-        pytest.fail(f"cannot import ComfyUI from {comfy_dir} with {sys.executable}: {exc}")
+    except Exception as exc:  # noqa: BLE001  (whatever stops this Python from importing that ComfyUI)
+        pytest.skip(cannot_import_message(comfy_dir, exc))
     args.cpu = True  # must precede importing comfy.model_management
     args.disable_all_custom_nodes = True  # ...except the whitelisted pack: other installed packs stay out
     args.whitelist_custom_nodes = [PACK_DIR_NAME]
     if hasattr(args, "disable_api_nodes"):
         args.disable_api_nodes = True
 
-    import folder_paths
-    import yaml
+    try:
+        import folder_paths
+        import utils.extra_config
+        import yaml
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(cannot_import_message(comfy_dir, exc))
 
     for setter, sub in (("set_output_directory", "output"), ("set_input_directory", "input"),
                         ("set_temp_directory", "temp"), ("set_user_directory", "user")):
@@ -188,13 +199,13 @@ def comfy(tmp_path_factory: pytest.TempPathFactory) -> ComfyHarness:
                                                      "chai_cache": str(cache_root)}}))
     default_cache_dir = Path(folder_paths.models_dir) / "chai_cache"
     default_cache_dir_existed = default_cache_dir.exists()
-    import utils.extra_config
-
     utils.extra_config.load_extra_path_config(str(config))
-
-    import comfy.model_management  # noqa: F401  (after args.cpu)
-    import execution
-    import nodes
+    try:
+        import comfy.model_management  # noqa: F401  (after args.cpu)
+        import execution
+        import nodes
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(cannot_import_message(comfy_dir, exc))
 
     records = _Records()
     root_logger = logging.getLogger()

@@ -1,0 +1,465 @@
+"""Cache Attention through a model's public hooks only: no model code of ours computes q/k/v, RoPE or modulation.
+
+Three callables, all plain Python with ComfyUI's calling conventions (so this module imports no ComfyUI):
+
+* `CacheAttentionWrapper`, an APPLY_MODEL wrapper: on an evaluation at a cache step it first runs a *capture pass*,
+  the model's own forward on the donor latent (same call arguments, the donor in place of the live latent), which
+  stops as soon as the hooked block's attention has been handed its keys and values; then the *live pass*, the
+  unchanged call, in which that attention attends with the donor's keys and values.
+* `BlockPatch`, the `patches_replace["dit"][block_key]` replacement of the hooked block: during a pass it sets
+  ComfyUI's `optimized_attention_override` transformer option in the options it hands that block only, chaining
+  whatever block patch and attention override were there before.
+* `AttentionOverride`: counts the attention calls of one block call; the adapter's call (the self-attention)
+  raises `_KVCaptured` in the capture pass and attends with the donor's K/V in the live pass; every other call
+  goes through unchanged (through the previous override, if any).
+
+An adapter (see `HookAdapter`) only says where: which block, which attention call in it, how a donor latent
+becomes the model input, how donor keys/values enter the live call. docs/cache-attention.md has the details.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from .constants import RUN_KEY
+from .run import COND, CacheAttentionRun, StepPlan
+from .steps import first_value
+
+PASS_KEY = "chai_pass"  # transformer_options key (of our per-call copies only): the pass under way
+OVERRIDE_KEY = "optimized_attention_override"  # ComfyUI's attention override transformer option
+APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
+DIFFUSION_MODEL = "diffusion_model"  # comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL
+WRAPPER_KEY = "chai_cache_attention"  # our APPLY_MODEL wrapper's key on a ModelPatcher
+DIT = "dit"  # the patches_replace group of DiT block replacements
+
+AttentionFn = Callable[..., Tensor]
+Override = Callable[..., Tensor]
+
+
+# ---------------------------------------------------------------------------------------------- attention calls
+
+@dataclass
+class AttentionCall:
+    """One call of ComfyUI's attention function: the function and its arguments bound to its parameter names.
+
+    q, k and v are the function's first three parameters; `heads`, `mask` and `skip_reshape` keep ComfyUI's
+    names. Layout: [B, L, heads * head_dim], or [B, heads, L, head_dim] with skip_reshape.
+    """
+
+    func: AttentionFn
+    arguments: dict[str, Any]
+    names: tuple[str, str, str]
+    var_keyword: str | None = None
+
+    @classmethod
+    def bind(cls, func: AttentionFn, args: Sequence[Any], kwargs: Mapping[str, Any]) -> "AttentionCall":
+        """Bind an override's (func, *args, **kwargs) to func's signature."""
+        signature = inspect.signature(func)
+        params = list(signature.parameters.values())
+        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if len(positional) < 3:
+            raise TypeError(f"attention function {getattr(func, '__name__', func)!r} does not take q, k, v first")
+        var_kw = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
+        bound = signature.bind(*args, **kwargs)
+        return cls(func, dict(bound.arguments), (positional[0], positional[1], positional[2]), var_kw)
+
+    def _get(self, name: str, default: Any = None) -> Any:
+        if name in self.arguments:
+            return self.arguments[name]
+        if self.var_keyword is not None:
+            return self.arguments.get(self.var_keyword, {}).get(name, default)
+        return default
+
+    @property
+    def q(self) -> Tensor:
+        return self.arguments[self.names[0]]
+
+    @property
+    def k(self) -> Tensor:
+        return self.arguments[self.names[1]]
+
+    @property
+    def v(self) -> Tensor:
+        return self.arguments[self.names[2]]
+
+    @property
+    def mask(self) -> Tensor | None:
+        return self._get("mask")
+
+    @property
+    def token_dim(self) -> int:
+        """The token axis of q/k/v: 2 for [B, heads, L, d] (skip_reshape), else 1 for [B, L, heads * d]."""
+        return 2 if self._get("skip_reshape", False) else 1
+
+    def replace(self, **tensors: Tensor | None) -> "AttentionCall":
+        """A copy with q, k, v (by those letters) or mask replaced."""
+        arguments = dict(self.arguments)
+        if self.var_keyword is not None and self.var_keyword in arguments:
+            arguments[self.var_keyword] = dict(arguments[self.var_keyword])
+        for key, value in tensors.items():
+            if key in ("q", "k", "v"):
+                arguments[self.names["qkv".index(key)]] = value
+            elif key == "mask":
+                if "mask" in arguments or self.var_keyword is None:
+                    arguments["mask"] = value
+                else:
+                    arguments.setdefault(self.var_keyword, {})["mask"] = value
+            else:
+                raise KeyError(f"an attention call has no tensor {key!r} to replace")
+        return AttentionCall(self.func, arguments, self.names, self.var_keyword)
+
+    def rows(self, index: Tensor) -> "AttentionCall":
+        """The call restricted to the batch rows `index` (a bool mask over dim 0); a batched mask follows."""
+        batch = self.q.shape[0]
+        changes: dict[str, Tensor | None] = {"q": self.q[index], "k": self.k[index], "v": self.v[index]}
+        mask = self.mask
+        if isinstance(mask, Tensor) and mask.dim() >= 3 and mask.shape[0] == batch and batch > 1:
+            changes["mask"] = mask[index]
+        return self.replace(**changes)
+
+    def args_kwargs(self) -> tuple[list[Any], dict[str, Any]]:
+        """Positional and keyword arguments that call func as bound."""
+        signature = inspect.signature(self.func)
+        bound = inspect.BoundArguments(signature, dict(self.arguments))  # type: ignore[arg-type]
+        return list(bound.args), dict(bound.kwargs)
+
+    def run(self, through: Override | None = None) -> Tensor:
+        """Attend: func(...) itself, or through an earlier override as ComfyUI would call it."""
+        args, kwargs = self.args_kwargs()
+        if through is not None:
+            return through(self.func, *args, **kwargs)
+        return self.func(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class DonorKV:
+    """What the capture pass keeps: the donor's keys and values as the hooked call received them."""
+
+    k: Tensor
+    v: Tensor
+    mask: Tensor | None
+    token_dim: int
+    block_args: Mapping[str, Any]  # the hooked block's arguments in the capture pass (e.g. its "pe")
+
+
+class _KVCaptured(Exception):
+    """Raised inside the capture pass to stop the model right after the hooked attention got its K/V."""
+
+    def __init__(self, donor: DonorKV) -> None:
+        super().__init__("CHAI capture pass (caught by CacheAttentionWrapper; seeing this is a bug)")
+        self.donor = donor
+
+
+# ---------------------------------------------------------------------------------------------- passes
+
+@dataclass
+class CapturePass:
+    """The pass that runs the model on the donor latent and stops inside the hooked attention."""
+
+
+@dataclass
+class LivePass:
+    """The live evaluation at a cache step: attend with `donor` on the rows flagged in `rows`."""
+
+    donor: DonorKV
+    rows: Tensor  # bool [B]: rows (batch entries) that attend to the donor
+    mode: str
+    on_fire: Callable[[int, int], None]  # (rows that attended to the donor, all rows)
+    fired: int = 0
+
+
+# ---------------------------------------------------------------------------------------------- the adapter contract
+
+class HookAdapter:
+    """Where Cache Attention hooks into a model; mixed into a `ModelAdapter` whose model ComfyUI runs.
+
+    Subclasses set `block_key` (the `patches_replace["dit"]` key of the block whose attention is replaced) and
+    `attention_index` (which attention call of that block, counted from 0, is the self-attention); they may
+    override `donor_input`, `splice_kv` and `check_donor` when the defaults do not fit.
+    """
+
+    block_key: ClassVar[tuple[Any, ...]] = ("double_block", 0)
+    attention_index: ClassVar[int] = 0
+    firing_kind: ClassVar[str] = "self_attn"
+    shape_hint: ClassVar[str] = "the live latent's shape"
+
+    def donor_input(self, donor: Tensor, x: Tensor) -> Tensor:
+        """The model input of the capture pass: the donor latent in place of the live latent x.
+
+        Default: the donor [C, ...] or [1 | B, C, ...] must have x's shape apart from the batch; it is moved to x's
+        device and dtype and repeated over x's batch (every row of the call sees the same donor).
+        """
+        z = donor[None] if donor.dim() == x.dim() - 1 else donor
+        if tuple(z.shape[1:]) != tuple(x.shape[1:]):
+            raise ValueError(f"donor latent {tuple(donor.shape)} does not have {self.shape_hint} "
+                             f"{tuple(x.shape[1:])}: Cache Attention needs the same resolution and frame count")
+        if z.shape[0] not in (1, x.shape[0]):
+            raise ValueError(f"donor latent batch {z.shape[0]} cannot serve a batch of {x.shape[0]}")
+        z = z.to(device=x.device, dtype=x.dtype)
+        return z.expand(x.shape[0], *z.shape[1:]).contiguous() if z.shape[0] != x.shape[0] else z
+
+    def splice_kv(self, live: AttentionCall, donor: DonorKV, mode: str,
+                  block_args: Mapping[str, Any]) -> AttentionCall:
+        """The live call with the donor's keys/values: instead of its own ("replace") or after them ("concat").
+
+        block_args: the hooked block's arguments in the live pass (e.g. "img" to tell image from text tokens in a
+        joint attention). Default: the whole K/V tensors (a self-attention over the latent's tokens only).
+        """
+        if tuple(donor.k.shape) != tuple(live.k.shape) or tuple(donor.v.shape) != tuple(live.v.shape):
+            raise ValueError(f"donor keys {tuple(donor.k.shape)} do not match the live keys {tuple(live.k.shape)}: "
+                             f"Cache Attention needs the donor latent to have {self.shape_hint}")
+        k, v = donor.k.to(live.k.dtype), donor.v.to(live.v.dtype)
+        if mode == "replace":
+            return live.replace(k=k, v=v)
+        if mode != "concat":
+            raise ValueError(f"K/V mode must be 'replace' or 'concat'; got {mode!r}")
+        if live.mask is not None:
+            raise ValueError("'concat' K/V mode is not supported on an attention call with a mask; use 'replace'")
+        axis = live.token_dim
+        return live.replace(k=torch.cat([live.k, k], dim=axis), v=torch.cat([live.v, v], dim=axis))
+
+    def check_donor(self, donor: DonorKV, live_block_args: Mapping[str, Any]) -> None:
+        """ValueError when the donor pass's tokens sit at other positions than the live ones.
+
+        Default: the positional embedding the block received ("pe", computed by the model itself in both passes,
+        with whatever transformer options RoPE-scaling nodes set) must be the same.
+        """
+        if not same_tensors(donor.block_args.get("pe"), live_block_args.get("pe")):
+            raise ValueError("the donor latent's tokens have other positions than the live latent's: Cache "
+                             f"Attention needs the donor latent to have {self.shape_hint}")
+
+    def comfy_install(self, patcher: Any, run_key: str = RUN_KEY) -> None:
+        """Install on a ModelPatcher clone (see `install`); per-run state travels in transformer_options[run_key]."""
+        install(patcher, self, run_key)
+
+
+def same_tensors(a: Any, b: Any) -> bool:
+    """Equal tensors (or equal nesting of tuples/lists of tensors); anything else counts as equal (no evidence)."""
+    if isinstance(a, Tensor) and isinstance(b, Tensor):
+        return a.shape == b.shape and bool(torch.equal(a, b.to(device=a.device, dtype=a.dtype)))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b))
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- the block hook
+
+class AttentionOverride:
+    """ComfyUI `optimized_attention_override` for one call of the hooked block (see the module docstring)."""
+
+    def __init__(self, adapter: HookAdapter, state: CapturePass | LivePass, block_args: Mapping[str, Any],
+                 previous: Override | None) -> None:
+        self.adapter, self.state, self.block_args, self.previous = adapter, state, block_args, previous
+        self.calls = 0
+
+    def __call__(self, func: AttentionFn, *args: Any, **kwargs: Any) -> Tensor:
+        index = self.calls
+        self.calls += 1
+        if index != self.adapter.attention_index:
+            return self.previous(func, *args, **kwargs) if self.previous is not None else func(*args, **kwargs)
+        call = AttentionCall.bind(func, args, kwargs)
+        if isinstance(self.state, CapturePass):
+            mask = call.mask if isinstance(call.mask, Tensor) else None
+            raise _KVCaptured(DonorKV(call.k.detach(), call.v.detach(), mask, call.token_dim,
+                                      {k: v for k, v in self.block_args.items() if k != "transformer_options"}))
+        return self.live(call)
+
+    def live(self, call: AttentionCall) -> Tensor:
+        """Attend with the donor's K/V on the flagged rows; the other rows exactly as unpatched."""
+        state, adapter = self.state, self.adapter
+        assert isinstance(state, LivePass)
+        adapter.check_donor(state.donor, self.block_args)
+        rows = state.rows.to(call.q.device)
+        if bool(rows.all()):
+            out = adapter.splice_kv(call, state.donor, state.mode, self.block_args).run(self.previous)
+        else:
+            # The rows that keep their own K/V come out of the very computation the unpatched block runs, on the
+            # whole batch, so they stay bit-identical whatever batch-size-dependent kernel the attention picks.
+            out = call.run(self.previous)
+            donor = _donor_rows(state.donor, rows)
+            patched = adapter.splice_kv(call.rows(rows), donor, state.mode, self.block_args).run(self.previous)
+            out[rows] = patched.to(out.dtype)
+        state.fired += 1
+        state.on_fire(int(rows.sum()), int(rows.numel()))
+        return out
+
+
+def _donor_rows(donor: DonorKV, rows: Tensor) -> DonorKV:
+    mask = donor.mask
+    if isinstance(mask, Tensor) and mask.dim() >= 3 and mask.shape[0] == rows.numel() and rows.numel() > 1:
+        mask = mask[rows]
+    return DonorKV(donor.k[rows], donor.v[rows], mask, donor.token_dim, donor.block_args)
+
+
+BlockFn = Callable[[dict, dict], dict]
+
+
+class BlockPatch:
+    """The `patches_replace["dit"][block_key]` callable: sets the attention override for this block's call during
+    a CHAI pass; outside a pass (and around our override) it calls the previous patch or the original block."""
+
+    def __init__(self, adapter: HookAdapter, previous: BlockFn | None = None) -> None:
+        self.adapter = adapter
+        self.previous = previous
+
+    def __deepcopy__(self, memo: dict) -> "BlockPatch":
+        return self  # stateless; ModelPatcher.clone() deep-copies model_options, never the model we point to
+
+    def _next(self, args: dict, extra: dict) -> dict:
+        return self.previous(args, extra) if self.previous is not None else extra["original_block"](args)
+
+    def __call__(self, args: dict, extra: dict) -> dict:
+        options = args.get("transformer_options")
+        state = options.get(PASS_KEY) if isinstance(options, Mapping) else None
+        if state is None:
+            return self._next(args, extra)
+        override = AttentionOverride(self.adapter, state, args, options.get(OVERRIDE_KEY))
+        return self._next({**args, "transformer_options": {**options, OVERRIDE_KEY: override}}, extra)
+
+
+# ---------------------------------------------------------------------------------------------- the model wrapper
+
+def _split_apply_model_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any], dict]:
+    """(args, kwargs, transformer_options) of an APPLY_MODEL call (x, t, c_concat, c_crossattn, control,
+    transformer_options, **extra)."""
+    args, kwargs = list(args), dict(kwargs)
+    if len(args) > 5:
+        options = args[5]
+    else:
+        options = kwargs.get("transformer_options")
+    return args, kwargs, dict(options or {})
+
+
+def _with_options(args: list[Any], kwargs: dict[str, Any], options: dict) -> tuple[list[Any], dict[str, Any]]:
+    args, kwargs = list(args), dict(kwargs)
+    if len(args) > 5:
+        args[5] = options
+    else:
+        kwargs["transformer_options"] = options
+    return args, kwargs
+
+
+def _without_diffusion_model_wrappers(options: dict) -> dict:
+    """Options for the capture pass: other packs' diffusion-model wrappers (step caches such as EasyCache, which
+    would count the pass as a step or answer it from their cache) stay out of it."""
+    wrappers = options.get("wrappers")
+    if not isinstance(wrappers, Mapping) or not wrappers.get(DIFFUSION_MODEL):
+        return options
+    return {**options, "wrappers": {**wrappers, DIFFUSION_MODEL: {}}}
+
+
+class CacheAttentionWrapper:
+    """APPLY_MODEL wrapper: at a cache step of transformer_options[run_key]'s run, capture pass then live pass."""
+
+    def __init__(self, adapter: HookAdapter, run_key: str = RUN_KEY) -> None:
+        self.adapter = adapter
+        self.run_key = run_key
+
+    def __deepcopy__(self, memo: dict) -> "CacheAttentionWrapper":
+        return self  # stateless (see BlockPatch)
+
+    def __call__(self, executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        args, kwargs, options = _split_apply_model_args(args, kwargs)
+        run = options.get(self.run_key)
+        if not isinstance(run, CacheAttentionRun):
+            return executor(*args, **kwargs)
+        x, t = args[0], args[1]
+        sigma = first_value(t)
+        plan = run.plan_for(sigma) if sigma is not None else None
+        if plan is None:
+            return executor(*args, **kwargs)
+        layout = tuple(int(c) for c in options.get("cond_or_uncond") or (COND,))
+        flags = run.chunk_flags(layout)
+        if not any(flags):
+            return executor(*args, **kwargs)
+        donor = self.capture(executor, args, kwargs, options, plan)
+        rows = _row_mask(flags, x.shape[0], x.device)
+        live = LivePass(donor, rows, run.config.kv_mode,
+                        lambda used, total: run.record(plan, self.adapter.firing_kind, self._block_index(), used,
+                                                       total))
+        live_args, live_kwargs = _with_options(args, kwargs, {**options, PASS_KEY: live})
+        out = executor(*live_args, **live_kwargs)
+        if live.fired == 0:
+            raise RuntimeError(f"CHAI: the live pass never reached attention call {self.adapter.attention_index} of "
+                               f"block {self.adapter.block_key}; was the block patch replaced by another node?")
+        return out
+
+    def _block_index(self) -> int:
+        key = self.adapter.block_key
+        return int(key[1]) if len(key) > 1 and isinstance(key[1], int) else 0
+
+    def capture(self, executor: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], options: dict,
+                plan: StepPlan) -> DonorKV:
+        """Run the model on the donor latent until the hooked attention has its K/V; return them."""
+        x, t = args[0], args[1]
+        donor_x = self.adapter.donor_input(plan.donor_latent, x)
+        t_donor = t if plan.modulation_sigma == plan.sigma else torch.full_like(t, plan.modulation_sigma)
+        capture_options = _without_diffusion_model_wrappers({**options, PASS_KEY: CapturePass()})
+        capture_args, capture_kwargs = _with_options([donor_x, t_donor, *args[2:]], kwargs, capture_options)
+        try:
+            executor(*capture_args, **capture_kwargs)
+        except _KVCaptured as done:
+            return done.donor
+        raise RuntimeError(f"CHAI: the capture pass never reached attention call {self.adapter.attention_index} of "
+                           f"block {self.adapter.block_key}; this model does not honour the block hook")
+
+
+def _row_mask(flags: Sequence[bool], rows: int, device: Any) -> Tensor:
+    n = len(flags)
+    if n == 0 or rows % n:
+        raise ValueError(f"{rows} batch rows cannot be split into {n} CFG chunks")
+    return torch.tensor([bool(f) for f in flags], device=device).repeat_interleave(rows // n)
+
+
+# ---------------------------------------------------------------------------------------------- installation
+
+@dataclass
+class Installed:
+    """What `install` added to a ModelPatcher clone, for `uninstall`."""
+
+    block_key: tuple[Any, ...]
+    previous: BlockFn | None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def _dit_patches(patcher: Any) -> dict:
+    options = patcher.model_options.get("transformer_options", {})
+    return (options.get("patches_replace") or {}).get(DIT) or {}
+
+
+def install(patcher: Any, adapter: HookAdapter, run_key: str = RUN_KEY) -> Installed:
+    """Install Cache Attention on a ModelPatcher *clone*: the block patch (chaining the one there) and the
+    APPLY_MODEL wrapper. Installing twice replaces our own patch instead of stacking it."""
+    previous = _dit_patches(patcher).get(adapter.block_key)
+    while isinstance(previous, BlockPatch):
+        previous = previous.previous
+    patcher.set_model_patch_replace(BlockPatch(adapter, previous), DIT, *adapter.block_key)
+    patcher.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
+    patcher.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, CacheAttentionWrapper(adapter, run_key))
+    return Installed(tuple(adapter.block_key), previous)
+
+
+def uninstall(patcher: Any, installed: Installed) -> None:
+    """Undo `install` on the same clone: the previous block patch (if any) is back, our wrapper gone."""
+    patcher.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
+    current = _dit_patches(patcher).get(installed.block_key)
+    if not isinstance(current, BlockPatch):
+        return
+    if installed.previous is not None:
+        patcher.set_model_patch_replace(installed.previous, DIT, *installed.block_key)
+        return
+    options = dict(patcher.model_options.get("transformer_options", {}))
+    replaces = {**options.get("patches_replace", {})}
+    group = {k: v for k, v in replaces.get(DIT, {}).items() if k != installed.block_key}
+    replaces[DIT] = group
+    options["patches_replace"] = replaces
+    patcher.model_options["transformer_options"] = options
+
+
+__all__ = ["AttentionCall", "DonorKV", "CapturePass", "LivePass", "HookAdapter", "AttentionOverride", "BlockPatch",
+           "CacheAttentionWrapper", "Installed", "install", "uninstall", "PASS_KEY", "OVERRIDE_KEY", "APPLY_MODEL",
+           "WRAPPER_KEY"]
