@@ -23,6 +23,7 @@ from .config import ChaiConfig
 from .constants import CAPTURE_KEY, RUN_KEY
 from .donors import DonorCapture
 from .fingerprint import model_fingerprint
+from .hooks import WRAPPER_KEY as HOOK_WRAPPER_KEY
 from .flow import Schedule, finish_fast, finish_full, plan_request, trace_for
 from .payloads import CacheHit, SampleTrace
 from .run import COND, CacheAttentionRun
@@ -351,6 +352,7 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
             run.release()
         clone.model_options.get("transformer_options", {}).pop(RUN_KEY, None)
         clone.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY)
+        clone.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, HOOK_WRAPPER_KEY)
         _restore_object_patches(clone, added)
     done = time.perf_counter()
     report.timings = {"setup": setup - start, "sample": done - setup}

@@ -16,6 +16,7 @@ from comfyui_chai.chai_attention.kv import cache_attention, chunk_row_mask, comb
 from comfyui_chai.chai_attention.pipeline import PatchedModel
 from comfyui_chai.chai_attention.run import COND, UNCOND, CacheAttentionRun
 from comfyui_chai.chai_attention.steps import CacheStepSelector, capture_plan, match_step, select_donor
+import hook_doubles as hd
 from chai_helpers import VIDEO, tiny_stdit3, toy_text_encode
 from comfyui_chai.opensora.sampler import LatentCapture, make_noise, opensora_model_kwargs, sample
 from comfyui_chai.opensora.schedule import opensora_sigmas
@@ -439,3 +440,46 @@ def test_options_sigma_reads_the_first_sigma_of_tensors_and_sequences():
     assert options_sigma({"sigmas": [0.25, 0.1]}) == 0.25
     assert options_sigma({}) is None and options_sigma(None) is None
     assert options_sigma({"sigmas": torch.tensor([])}) is None
+
+
+def test_comfy_install_chains_another_packs_block_0_patch_and_never_stacks_itself(model, adapter):
+    z, ys, mask, kw = _inputs()
+    sigma = float(FAST[1])
+    seen = []
+
+    def theirs(call):  # another pack's patch of the slot: it attends (here: plainly) and counts
+        seen.append(call.k.clone())
+        return call.block.attn.attend(call.q, call.k, call.v)
+
+    patcher = hd.PatcherDouble(hd.BaseModelDouble(hd.SecretDiT()))
+    patcher.set_model_patch_replace(theirs, "dit", "spatial_attn", 0)
+    adapter.comfy_install(patcher)
+    adapter.comfy_install(patcher)  # twice: replaces ours, theirs stays underneath once
+    ours = patcher.model_options["transformer_options"]["patches_replace"]["dit"][("spatial_attn", 0)]
+    assert ours.chai_previous is theirs
+    donor = make_noise(SHAPE, seed=7)
+    run = _run(ChaiConfig(apply_to="both"), donor, sigma)
+
+    def with_options(opts):
+        def call_fn(call):
+            call.info["transformer_options"] = opts
+            return ours(call)
+        return {("spatial_attn", 0): call_fn}
+
+    at_cache_step = {"cond_or_uncond": [COND, UNCOND], "sigmas": torch.tensor([sigma]), "chai_run": run}
+    for options, fires in (({"sigmas": torch.tensor([0.999])}, False), (at_cache_step, True)):
+        seen.clear()
+        got = _forward(model, z, ys, mask, kw, sigma, with_options(options))
+        assert len(seen) == 1
+        if not fires:
+            assert torch.equal(got, _forward(model, z, ys, mask, kw, sigma))
+    # At the cache step their patch attended with the donor's keys, not the live ones.
+    assert run.fired_steps == (2,)
+    plain_k = []
+
+    def spy(call):
+        plain_k.append(call.k)
+        return call.block.attn.attend(call.q, call.k, call.v)
+
+    _forward(model, z, ys, mask, kw, sigma, {("spatial_attn", 0): spy})
+    assert seen[0].shape == plain_k[0].shape and not torch.equal(seen[0], plain_k[0])

@@ -10,6 +10,7 @@ by the CFG halves and by split cond/uncond calls.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -37,6 +38,13 @@ def sigma_of_call(call: Any) -> float:
     if t is None:
         raise ValueError("the STDiT3 call carries no timestep; pass sigma explicitly")
     return t / TIMESTEP_SCALE
+
+
+def _attend_through(call: Any, previous: Callable[[Any], Tensor] | None) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """Block 0's attention on given q/k/v: the block's own, or another pack's patch of the slot (chained)."""
+    if previous is None:
+        return call.block.attn.attend
+    return lambda q, k, v: previous(dataclasses.replace(call, q=q, k=k, v=v))
 
 
 class STDiT3Adapter(ModelAdapter):
@@ -100,22 +108,24 @@ class STDiT3Adapter(ModelAdapter):
         return STDiT3Context(call, None if own else plan.modulation_sigma)
 
     def replace_fn(self, run: CacheAttentionRun, cond_or_uncond: Sequence[int] = BATCHED_CFG,
-                   sigma: float | None = None) -> Callable[[Any], Tensor]:
-        """The callable for block 0's `attn_replace` slot (see `attn_replace`)."""
+                   sigma: float | None = None,
+                   previous: Callable[[Any], Tensor] | None = None) -> Callable[[Any], Tensor]:
+        """The callable for block 0's `attn_replace` slot (see `attn_replace`); `previous` is another pack's patch of
+        that slot, which then computes every attention of the block (with the donor's K/V at cache steps)."""
         flags = run.chunk_flags(cond_or_uncond)
 
         def replace(call: Any) -> Tensor:
+            attend = _attend_through(call, previous)
             plan = run.plan_for(sigma_of_call(call) if sigma is None else sigma)
             if plan is None or not any(flags):
-                return call.block.attn.attend(call.q, call.k, call.v)
+                return attend(call.q, call.k, call.v)
             if call.kind != "spatial" or call.index != 0:
                 raise RuntimeError(f"Cache Attention is for spatial block 0, not {call.kind} block {call.index}")
             context = self._context(call, plan)
             key = (call.T, call.S, str(call.q.device), call.q.dtype)
             k_d, v_d = run.donor_kv(plan, key, lambda: self.donor_kv(plan.donor_latent, context))
             rows = chunk_row_mask(flags, call.q.shape[0], call.q.device)
-            out = cache_attention(call.q, call.k, call.v, k_d, v_d, call.block.attn.attend,
-                                  mode=run.config.kv_mode, rows=rows)
+            out = cache_attention(call.q, call.k, call.v, k_d, v_d, attend, mode=run.config.kv_mode, rows=rows)
             run.record(plan, call.kind, call.index, int(rows.sum()), int(rows.numel()))
             return out
 
@@ -131,8 +141,8 @@ class STDiT3Adapter(ModelAdapter):
         """
         return {self.PATCH_KEY: self.replace_fn(run, cond_or_uncond, sigma)}
 
-    def options_replace_fn(self, run: CacheAttentionRun | None = None,
-                           run_key: str = RUN_KEY) -> Callable[[Any], Tensor]:
+    def options_replace_fn(self, run: CacheAttentionRun | None = None, run_key: str = RUN_KEY,
+                           previous: Callable[[Any], Tensor] | None = None) -> Callable[[Any], Tensor]:
         """Block-0 patch that reads each call's `call.info["transformer_options"]` (as ComfyUI's STDiT3 wrapper
         provides them): the run (the one given, else options[run_key]; none = plain attention), the batch layout
         (options["cond_or_uncond"]; absent = the whole batch is cond) and the sigma (options["sigmas"][0]; absent =
@@ -142,19 +152,26 @@ class STDiT3Adapter(ModelAdapter):
             options = call.info.get("transformer_options") or {}
             active = run if run is not None else options.get(run_key)
             if active is None:
-                return call.block.attn.attend(call.q, call.k, call.v)
+                return _attend_through(call, previous)(call.q, call.k, call.v)
             layout = tuple(int(c) for c in options.get("cond_or_uncond") or (COND,))
-            return self.replace_fn(active, layout, options_sigma(options))(call)
+            return self.replace_fn(active, layout, options_sigma(options), previous)(call)
 
+        replace.chai_previous = previous  # type: ignore[attr-defined]
         return replace
 
     def comfy_install(self, patcher: Any, run_key: str = RUN_KEY) -> None:
-        """Replace block 0's spatial self-attention on a ModelPatcher clone (patches_replace["dit"]).
+        """Replace block 0's spatial self-attention on a ModelPatcher clone (patches_replace["dit"]), chaining
+        another pack's patch of that slot (installing twice replaces our own patch instead of stacking it).
 
         The patch reads the run from transformer_options[run_key] on every call and attends as usual without one,
         so the clone itself holds no per-run state.
         """
-        patcher.set_model_patch_replace(self.options_replace_fn(run_key=run_key), "dit", *self.PATCH_KEY)
+        options = patcher.model_options.get("transformer_options", {})
+        previous = ((options.get("patches_replace") or {}).get("dit") or {}).get(self.PATCH_KEY)
+        while previous is not None and hasattr(previous, "chai_previous"):
+            previous = previous.chai_previous
+        patcher.set_model_patch_replace(self.options_replace_fn(run_key=run_key, previous=previous), "dit",
+                                        *self.PATCH_KEY)
 
     def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
         """Donor latents must be 4-D or 5-D STDiT3 latents with the model's channel count."""

@@ -3,9 +3,10 @@
 ComfyUI's WanModel is built at a tiny config (dim 256, so its loader reads 2 heads of 128; 2 blocks), its state
 dict randomised and saved under the official key names, and the file loaded through ComfyUI's loader
 (comfy.sd.load_diffusion_model), which detects WAN21 (16-channel latent) or WAN22 (Wan 2.2 5B, 48 channels).
-The CHAI patch goes on a ModelPatcher clone through WanAdapter.comfy_install; sampling runs through
-comfy.sample.sample with the run in transformer_options["chai_run"]; single evaluations go through
-BaseModel.apply_model after ComfyUI loads the patcher (which is when it applies object patches).
+The CHAI patch goes on a ModelPatcher clone through WanAdapter.comfy_install (public hooks only: a block-0 DiT
+replace and an APPLY_MODEL wrapper); sampling runs through comfy.sample.sample with the run in
+transformer_options["chai_run"]; single evaluations go through BaseModel.apply_model with the patcher's wrappers
+merged into the options, as ComfyUI's sampler does.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def env(comfy, tmp_path_factory) -> dict[str, Any]:
         "cond": torch.randn(1, TEXT_TOKENS, 4096, generator=gen),
         "uncond": 0.1 * torch.randn(1, TEXT_TOKENS, 4096, generator=gen),
         "wan_mod": comfy.pack_module("chai_attention.adapters.wan"),
+        "hooks": comfy.pack_module("chai_attention.hooks"),
         "adapters": comfy.pack_module("chai_attention.adapters"),
         "config": comfy.pack_module("chai_attention.config"),
         "run": comfy.pack_module("chai_attention.run"),
@@ -88,7 +90,8 @@ def evaluate(patcher: Any, x: torch.Tensor, sigma: float, context: torch.Tensor,
 
     comfy.model_management.load_models_gpu([patcher])
     s = torch.full((x.shape[0],), float(sigma))
-    options = {**patcher.model_options["transformer_options"], "sigmas": s, "cond_or_uncond": list(cond_or_uncond)}
+    options = {**patcher.model_options["transformer_options"], "sigmas": s, "cond_or_uncond": list(cond_or_uncond),
+               "wrappers": patcher.wrappers}  # merged as comfy.sampler_helpers does for a sampling run
     if run is not None:
         options["chai_run"] = run
     with torch.no_grad():
@@ -125,9 +128,8 @@ def both_halves(env: dict) -> torch.Tensor:
 
 
 def chai_state_on_shared_model(patcher: Any) -> list[str]:
-    """Modules of the shared network whose forward is a CHAI patch right now."""
-    return [name for name, m in patcher.model.diffusion_model.named_modules()
-            if getattr(m.__dict__.get("forward"), "chai_wan_original", None) is not None]
+    """Modules of the shared network whose forward is patched right now (CHAI installs no object patch at all)."""
+    return [name for name, m in patcher.model.diffusion_model.named_modules() if "forward" in m.__dict__]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -158,22 +160,22 @@ def test_registry_picks_wan_for_comfy_wan21_and_wan22_and_refuses_other_variants
         adapters.get_adapter(vace)
 
 
-def test_install_patches_only_the_clone_and_does_not_stack(env):
-    p21, wan_mod = env["p21"], env["wan_mod"]
+def test_install_patches_only_the_clone_through_public_hooks_and_does_not_stack(env):
+    import comfy.patcher_extension
+
+    p21, wan_mod, hooks = env["p21"], env["wan_mod"], env["hooks"]
+    assert hooks.APPLY_MODEL == comfy.patcher_extension.WrappersMP.APPLY_MODEL
+    assert hooks.DIFFUSION_MODEL == comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL
     clone = patched(env, p21)
     assert "patches_replace" not in p21.model_options["transformer_options"]
-    assert p21.object_patches == {}
-    replace = clone.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)]
-    assert set(clone.model_options["transformer_options"]["patches_replace"]["dit"]) == {("double_block", 0)}
-    assert list(clone.object_patches) == ["diffusion_model.blocks.0.self_attn.forward"]
-    attn = p21.model.diffusion_model.blocks[0].self_attn
-    original = clone.object_patches["diffusion_model.blocks.0.self_attn.forward"].chai_wan_original
-    assert original.__func__ is type(attn).forward and original.__self__ is attn
+    assert p21.object_patches == {} and clone.object_patches == {}
+    assert hooks.WRAPPER_KEY not in p21.wrappers.get(hooks.APPLY_MODEL, {})
+    dit = clone.model_options["transformer_options"]["patches_replace"]["dit"]
+    assert set(dit) == {("double_block", 0)} and isinstance(dit[("double_block", 0)], hooks.BlockPatch)
     wan_mod.WanAdapter(clone).comfy_install(clone)  # installing again replaces, never stacks
-    again = clone.object_patches["diffusion_model.blocks.0.self_attn.forward"].chai_wan_original
-    assert again.__func__ is type(attn).forward
-    assert clone.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)] is not replace
-    assert chai_state_on_shared_model(p21) == []  # nothing is applied before ComfyUI loads the clone
+    again = clone.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)]
+    assert again.previous is None and len(clone.wrappers[hooks.APPLY_MODEL][hooks.WRAPPER_KEY]) == 1
+    assert chai_state_on_shared_model(p21) == []
 
 
 @pytest.mark.parametrize("mode", ["replace", "concat"])
@@ -246,14 +248,16 @@ def test_no_run_a_non_cache_step_or_an_off_schedule_sigma_leave_the_model_untouc
 
 
 def test_patch_fires_only_in_block_0_and_exactly_at_the_configured_steps(env):
-    p21, wan_mod = env["p21"], env["wan_mod"]
+    p21, hooks = env["p21"], env["hooks"]
     blocks = p21.model.diffusion_model.blocks
     gen = torch.Generator().manual_seed(8)
-    seen: list[tuple[int, bool]] = []
+    seen: list[tuple[int, str, bool]] = []
 
     def spy(index: int):
         def hook(module, args, kwargs):
-            seen.append((index, wan_mod.CALL_KEY in (kwargs.get("transformer_options") or {})))
+            options = kwargs.get("transformer_options") or {}
+            seen.append((index, type(options.get(hooks.PASS_KEY)).__name__,
+                         isinstance(options.get("optimized_attention_override"), hooks.AttentionOverride)))
         return hook
 
     handles = [b.self_attn.register_forward_pre_hook(spy(i), with_kwargs=True) for i, b in enumerate(blocks)]
@@ -268,8 +272,10 @@ def test_patch_fires_only_in_block_0_and_exactly_at_the_configured_steps(env):
             rows = 1 if cfg == 1.0 else 2  # cfg 1 skips the uncond half; otherwise both halves in one call
             assert [(f.step, f.kind, f.index, f.rows, f.total_rows) for f in run.firings] == [
                 (s, "self_attn", 0, 1, rows) for s in want]
-            assert len(seen) == STEPS * len(blocks)
-            assert [i for i, marked in seen if marked] == [0] * len(want)
+            # Per cache step a capture pass (block 0 only: it stops there) and a live pass; nothing elsewhere.
+            assert len(seen) == STEPS * len(blocks) + len(want)
+            overridden = [(i, kind) for i, kind, on in seen if on]
+            assert overridden == [(0, "CapturePass"), (0, "LivePass")] * len(want)
     finally:
         for h in handles:
             h.remove()
@@ -339,33 +345,29 @@ def test_check_run_refuses_donors_of_another_shape_or_channel_count(env):
 
 
 def test_final_clean_donor_is_modulated_through_the_models_own_time_embedding(env):
-    p21, sigmas = env["p21"], env["sigmas"]
-    seen: dict[float, torch.Tensor] = {}
+    p21, sigmas, hooks = env["p21"], env["sigmas"], env["hooks"]
+    seen: list[tuple[str, torch.Tensor]] = []
     spy_clone = p21.clone()
 
-    def spy(args, extra):
-        seen[float(args["transformer_options"]["sigmas"][0])] = args["vec"]
+    def spy(args, extra):  # installed first: CHAI's block patch chains to it
+        seen.append((type(args["transformer_options"].get(hooks.PASS_KEY)).__name__, args["vec"]))
         return extra["original_block"](args)
 
     spy_clone.set_model_patch_replace(spy, "dit", "double_block", 0)
     x = torch.randn(SHAPE_21, generator=torch.Generator().manual_seed(11))
-    for sigma in (float(sigmas[2]), float(sigmas[-2])):
-        evaluate(spy_clone, x, sigma, env["cond"], [0])
-    adapter = env["adapters"].get_adapter(p21)
-    sampling = p21.get_model_object("model_sampling")
-    for sigma, vec in seen.items():
-        with torch.no_grad():
-            e0 = adapter.time_modulation(sigma, lambda s: sampling.timestep(torch.tensor([s])).float(), vec)
-        assert torch.equal(e0, vec)
-    # A final_clean run modulates its donor at the donor's sigma: same firing, other output than own-step e0.
+    evaluate(spy_clone, x, 0.0, env["cond"], [0])  # the model's own time embedding at sigma 0
+    at_zero = seen[-1][1]
     donor = torch.randn(SHAPE_21, generator=torch.Generator().manual_seed(12))
     d = env["donors"]
-    clone = patched(env, p21)
+    env["adapters"].get_adapter(spy_clone).comfy_install(spy_clone)
     fc = env["run"].CacheAttentionRun(env["config"].ChaiConfig(fast_steps=STEPS, donor_mapping="final_clean"),
                                       sigmas, d.DonorSet([d.Donor(0.0, donor)]))
+    seen.clear()
+    out_fc = evaluate(spy_clone, x, float(sigmas[2]), env["cond"], [0], fc)
+    assert [kind for kind, _ in seen] == ["CapturePass", "LivePass"]
+    assert torch.equal(seen[0][1], at_zero) and not torch.equal(seen[1][1], at_zero)
     own = make_run(env, {2: donor})
-    out_fc = evaluate(clone, x, float(sigmas[2]), env["cond"], [0], fc)
-    out_own = evaluate(clone, x, float(sigmas[2]), env["cond"], [0], own)
+    out_own = evaluate(spy_clone, x, float(sigmas[2]), env["cond"], [0], own)
     assert [f.step for f in fc.firings] == [3] and (out_fc - out_own).abs().max() > 1e-4
 
 
@@ -377,7 +379,7 @@ def test_wan22_5b_text_to_video_and_per_frame_timesteps(env):
     clone = p22.clone()
 
     def spy(args, extra):  # installed first: CHAI's replace chains to it
-        vecs.append((tuple(args["vec"].shape), wan_mod.CALL_KEY in args["transformer_options"]))
+        vecs.append((tuple(args["vec"].shape), env["hooks"].PASS_KEY in args["transformer_options"]))
         return extra["original_block"](args)
 
     clone.set_model_patch_replace(spy, "dit", "double_block", 0)
@@ -391,4 +393,4 @@ def test_wan22_5b_text_to_video_and_per_frame_timesteps(env):
         assert torch.equal(same, plain)
         other = evaluate(clone, x, sigma, env["cond"], [0], make_run(env, {1: donor}), **extra)
         assert (other - plain).abs().max() > 1e-3
-        assert vecs == [(vec_shape, True), (vec_shape, True)]
+        assert vecs == [(vec_shape, True)] * 4  # capture and live pass of each CHAI evaluation
