@@ -165,6 +165,25 @@ def comfy_model_fingerprint(model: Any) -> str:
     return model_fingerprint(net, weights_id=f"sampled:{weights[:24]}", dtype=model.model_dtype(), extra=extra)
 
 
+def request_fingerprint(model: Any, model_2: Any = None, boundary: float | None = None,
+                        conditioning: str | None = None) -> str:
+    """The fingerprint a cache entry is keyed by: the MODEL's, or, for a pair of experts (Wan 2.2 A14B: high-noise
+    `model`, low-noise `model_2`, switching below sigma `boundary`) and/or an image conditioning digest, one over
+    all of them ('<class>+<class>@...' / '...+image@...'), so an entry only serves the same pair and image."""
+    base = comfy_model_fingerprint(model)
+    if model_2 is None and not conditioning:
+        return base
+    parts, names = [base], [base.split("@")[0]]
+    if model_2 is not None:
+        second = comfy_model_fingerprint(model_2)
+        parts += [second, f"boundary={float(boundary if boundary is not None else -1):.4f}"]
+        names.append(second.split("@")[0])
+    if conditioning:
+        parts.append(conditioning)
+        names.append("image")
+    return f"{'+'.join(names)}@{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:16]}"
+
+
 # ---------------------------------------------------------------------------------------------- text encoders
 
 def _phrase_vector(clip: Any, phrase: str) -> Tensor:

@@ -92,6 +92,12 @@ class DonorCapture:
         self._final: Donor | None = None
         self.skipped: list[str] = []  # why evaluations at planned sigmas could not be kept
 
+    def reset(self) -> None:
+        """Forget everything captured (a new sampling run starts)."""
+        self._kept.clear()
+        self._final = None
+        self.skipped.clear()
+
     def observe(self, step: int, x: Tensor, sigma: float) -> None:
         """Record the latent x entering 0-based step `step` at `sigma` when the plan wants it."""
         if step in self._wanted and step not in self._kept:

@@ -18,13 +18,13 @@ becomes the model input, how donor keys/values enter the live call. docs/cache-a
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+from .attention_call import AttentionCall, DonorKV, same_tensors
 from .constants import RUN_KEY
 from .run import COND, CacheAttentionRun, StepPlan
 from .steps import first_value
@@ -32,118 +32,13 @@ from .steps import first_value
 PASS_KEY = "chai_pass"  # transformer_options key (of our per-call copies only): the pass under way
 OVERRIDE_KEY = "optimized_attention_override"  # ComfyUI's attention override transformer option
 APPLY_MODEL = "apply_model"  # comfy.patcher_extension.WrappersMP.APPLY_MODEL
+OUTER_SAMPLE = "outer_sample"  # comfy.patcher_extension.WrappersMP.OUTER_SAMPLE
 DIFFUSION_MODEL = "diffusion_model"  # comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL
 WRAPPER_KEY = "chai_cache_attention"  # our APPLY_MODEL wrapper's key on a ModelPatcher
+PROMPTS_KEY = "chai_prompts"  # our OUTER_SAMPLE wrapper's key
 DIT = "dit"  # the patches_replace group of DiT block replacements
 
-AttentionFn = Callable[..., Tensor]
 Override = Callable[..., Tensor]
-
-
-# ---------------------------------------------------------------------------------------------- attention calls
-
-@dataclass
-class AttentionCall:
-    """One call of ComfyUI's attention function: the function and its arguments bound to its parameter names.
-
-    q, k and v are the function's first three parameters; `heads`, `mask` and `skip_reshape` keep ComfyUI's
-    names. Layout: [B, L, heads * head_dim], or [B, heads, L, head_dim] with skip_reshape.
-    """
-
-    func: AttentionFn
-    arguments: dict[str, Any]
-    names: tuple[str, str, str]
-    var_keyword: str | None = None
-
-    @classmethod
-    def bind(cls, func: AttentionFn, args: Sequence[Any], kwargs: Mapping[str, Any]) -> "AttentionCall":
-        """Bind an override's (func, *args, **kwargs) to func's signature."""
-        signature = inspect.signature(func)
-        params = list(signature.parameters.values())
-        positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        if len(positional) < 3:
-            raise TypeError(f"attention function {getattr(func, '__name__', func)!r} does not take q, k, v first")
-        var_kw = next((p.name for p in params if p.kind is p.VAR_KEYWORD), None)
-        bound = signature.bind(*args, **kwargs)
-        return cls(func, dict(bound.arguments), (positional[0], positional[1], positional[2]), var_kw)
-
-    def _get(self, name: str, default: Any = None) -> Any:
-        if name in self.arguments:
-            return self.arguments[name]
-        if self.var_keyword is not None:
-            return self.arguments.get(self.var_keyword, {}).get(name, default)
-        return default
-
-    @property
-    def q(self) -> Tensor:
-        return self.arguments[self.names[0]]
-
-    @property
-    def k(self) -> Tensor:
-        return self.arguments[self.names[1]]
-
-    @property
-    def v(self) -> Tensor:
-        return self.arguments[self.names[2]]
-
-    @property
-    def mask(self) -> Tensor | None:
-        return self._get("mask")
-
-    @property
-    def token_dim(self) -> int:
-        """The token axis of q/k/v: 2 for [B, heads, L, d] (skip_reshape), else 1 for [B, L, heads * d]."""
-        return 2 if self._get("skip_reshape", False) else 1
-
-    def replace(self, **tensors: Tensor | None) -> "AttentionCall":
-        """A copy with q, k, v (by those letters) or mask replaced."""
-        arguments = dict(self.arguments)
-        if self.var_keyword is not None and self.var_keyword in arguments:
-            arguments[self.var_keyword] = dict(arguments[self.var_keyword])
-        for key, value in tensors.items():
-            if key in ("q", "k", "v"):
-                arguments[self.names["qkv".index(key)]] = value
-            elif key == "mask":
-                if "mask" in arguments or self.var_keyword is None:
-                    arguments["mask"] = value
-                else:
-                    arguments.setdefault(self.var_keyword, {})["mask"] = value
-            else:
-                raise KeyError(f"an attention call has no tensor {key!r} to replace")
-        return AttentionCall(self.func, arguments, self.names, self.var_keyword)
-
-    def rows(self, index: Tensor) -> "AttentionCall":
-        """The call restricted to the batch rows `index` (a bool mask over dim 0); a batched mask follows."""
-        batch = self.q.shape[0]
-        changes: dict[str, Tensor | None] = {"q": self.q[index], "k": self.k[index], "v": self.v[index]}
-        mask = self.mask
-        if isinstance(mask, Tensor) and mask.dim() >= 3 and mask.shape[0] == batch and batch > 1:
-            changes["mask"] = mask[index]
-        return self.replace(**changes)
-
-    def args_kwargs(self) -> tuple[list[Any], dict[str, Any]]:
-        """Positional and keyword arguments that call func as bound."""
-        signature = inspect.signature(self.func)
-        bound = inspect.BoundArguments(signature, dict(self.arguments))  # type: ignore[arg-type]
-        return list(bound.args), dict(bound.kwargs)
-
-    def run(self, through: Override | None = None) -> Tensor:
-        """Attend: func(...) itself, or through an earlier override as ComfyUI would call it."""
-        args, kwargs = self.args_kwargs()
-        if through is not None:
-            return through(self.func, *args, **kwargs)
-        return self.func(*args, **kwargs)
-
-
-@dataclass(frozen=True)
-class DonorKV:
-    """What the capture pass keeps: the donor's keys and values as the hooked call received them."""
-
-    k: Tensor
-    v: Tensor
-    mask: Tensor | None
-    token_dim: int
-    block_args: Mapping[str, Any]  # the hooked block's arguments in the capture pass (e.g. its "pe")
 
 
 class _KVCaptured(Exception):
@@ -235,15 +130,6 @@ class HookAdapter:
     def comfy_install(self, patcher: Any, run_key: str = RUN_KEY) -> None:
         """Install on a ModelPatcher clone (see `install`); per-run state travels in transformer_options[run_key]."""
         install(patcher, self, run_key)
-
-
-def same_tensors(a: Any, b: Any) -> bool:
-    """Equal tensors (or equal nesting of tuples/lists of tensors); anything else counts as equal (no evidence)."""
-    if isinstance(a, Tensor) and isinstance(b, Tensor):
-        return a.shape == b.shape and bool(torch.equal(a, b.to(device=a.device, dtype=a.dtype)))
-    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
-        return len(a) == len(b) and all(same_tensors(x, y) for x, y in zip(a, b))
-    return True
 
 
 # ---------------------------------------------------------------------------------------------- the block hook
@@ -373,7 +259,7 @@ class CacheAttentionWrapper:
         if plan is None:
             return executor(*args, **kwargs)
         layout = tuple(int(c) for c in options.get("cond_or_uncond") or (COND,))
-        flags = run.chunk_flags(layout)
+        flags = run.chunk_flags(layout, options.get("uuids"))
         if not any(flags):
             return executor(*args, **kwargs)
         donor = self.capture(executor, args, kwargs, options, plan)
@@ -415,6 +301,33 @@ def _row_mask(flags: Sequence[bool], rows: int, device: Any) -> Tensor:
     return torch.tensor([bool(f) for f in flags], device=device).repeat_interleave(rows // n)
 
 
+class GuiderPrompts:
+    """OUTER_SAMPLE wrapper: tells the run which cond entries are the guider's prompt ("positive"), so that
+    apply_to="cond" means the prompt under every guider (CFGGuider puts it at chunk index 0, DualCFGGuider at 2)."""
+
+    def __init__(self, run_key: str = RUN_KEY) -> None:
+        self.run_key = run_key
+
+    def __deepcopy__(self, memo: dict) -> "GuiderPrompts":
+        return self
+
+    def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        guider = getattr(executor, "class_obj", None)
+        options = (getattr(guider, "model_options", None) or {}).get("transformer_options", {})
+        run = options.get(self.run_key)
+        conds = getattr(guider, "conds", None)
+        if isinstance(run, CacheAttentionRun) and isinstance(conds, Mapping):
+            run.prompt_ids = frozenset(c["uuid"] for c in conds.get("positive", ()) or ()
+                                       if isinstance(c, Mapping) and "uuid" in c)
+        return executor(*args, **kwargs)
+
+
+def track_prompts(patcher: Any, run_key: str = RUN_KEY) -> None:
+    """Add (once) the GuiderPrompts wrapper to a ModelPatcher clone."""
+    patcher.remove_wrappers_with_key(OUTER_SAMPLE, PROMPTS_KEY)
+    patcher.add_wrapper_with_key(OUTER_SAMPLE, PROMPTS_KEY, GuiderPrompts(run_key))
+
+
 # ---------------------------------------------------------------------------------------------- installation
 
 @dataclass
@@ -440,12 +353,14 @@ def install(patcher: Any, adapter: HookAdapter, run_key: str = RUN_KEY) -> Insta
     patcher.set_model_patch_replace(BlockPatch(adapter, previous), DIT, *adapter.block_key)
     patcher.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
     patcher.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, CacheAttentionWrapper(adapter, run_key))
+    track_prompts(patcher, run_key)
     return Installed(tuple(adapter.block_key), previous)
 
 
 def uninstall(patcher: Any, installed: Installed) -> None:
     """Undo `install` on the same clone: the previous block patch (if any) is back, our wrapper gone."""
     patcher.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
+    patcher.remove_wrappers_with_key(OUTER_SAMPLE, PROMPTS_KEY)
     current = _dit_patches(patcher).get(installed.block_key)
     if not isinstance(current, BlockPatch):
         return
@@ -460,6 +375,6 @@ def uninstall(patcher: Any, installed: Installed) -> None:
     patcher.model_options["transformer_options"] = options
 
 
-__all__ = ["AttentionCall", "DonorKV", "CapturePass", "LivePass", "HookAdapter", "AttentionOverride", "BlockPatch",
-           "CacheAttentionWrapper", "Installed", "install", "uninstall", "PASS_KEY", "OVERRIDE_KEY", "APPLY_MODEL",
-           "WRAPPER_KEY"]
+__all__ = ["AttentionCall", "DonorKV", "same_tensors", "CapturePass", "LivePass", "HookAdapter", "AttentionOverride",
+           "BlockPatch", "CacheAttentionWrapper", "GuiderPrompts", "track_prompts", "Installed", "install", "uninstall",
+           "PASS_KEY", "OVERRIDE_KEY", "APPLY_MODEL", "WRAPPER_KEY"]

@@ -51,6 +51,9 @@ class CacheAttentionRun:
         self.donors = donors
         self.firings: list[Firing] = []
         self.evaluations = 0
+        # Ids of the cond entries that are the prompt (a guider's "positive"), when the sampler told us
+        # (hooks.GuiderPrompts); then they, not chunk index 0, are the "cond" chunks (DualCFGGuider: index 2).
+        self.prompt_ids: frozenset[Any] = frozenset()
         self._kv_key: tuple[Any, ...] | None = None
         self._kv: tuple[Tensor, Tensor] | None = None
         self._lock = threading.Lock()
@@ -69,12 +72,18 @@ class CacheAttentionRun:
         modulation = donor.sigma if self.config.donor_mapping == "final_clean" else step_sigma
         return StepPlan(step, position, step_sigma, i, donor.sigma, donor.latent, modulation)
 
-    def chunk_flags(self, cond_or_uncond: Sequence[int]) -> list[bool]:
-        """Per batch chunk (0 = cond, 1 = uncond): does it attend to the donor under `apply_to`?"""
+    def chunk_flags(self, cond_or_uncond: Sequence[int], ids: Sequence[Any] | None = None) -> list[bool]:
+        """Per batch chunk (0 = cond, 1 = uncond): does it attend to the donor under `apply_to`?
+
+        ids: the chunks' cond entry ids (ComfyUI's transformer_options["uuids"]); when the run knows the prompt's
+        ids, a chunk is "cond" when its id is one of them, whatever its index.
+        """
         if not cond_or_uncond:
             raise ValueError("cond_or_uncond must name at least one batch chunk (0 = cond, 1 = uncond)")
         if self.config.apply_to == "both":
             return [True] * len(cond_or_uncond)
+        if self.prompt_ids and ids is not None and len(ids) == len(cond_or_uncond):
+            return [i in self.prompt_ids for i in ids]
         return [int(c) == COND for c in cond_or_uncond]
 
     def donor_kv(self, plan: StepPlan, key: Any, compute: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
@@ -97,6 +106,12 @@ class CacheAttentionRun:
     def fired_steps(self) -> tuple[int, ...]:
         """1-based steps at which Cache Attention ran at least once, ascending."""
         return tuple(sorted({f.step for f in self.firings}))
+
+    def reset(self) -> None:
+        """Forget the record of firings and evaluations (the same run samples again)."""
+        with self._lock:
+            self.firings.clear()
+            self.evaluations = 0
 
     def release(self) -> None:
         """Drop the reused donor K/V (call when the run ends)."""

@@ -20,6 +20,12 @@ def _chai_nodes() -> ModuleType:
     return chai_nodes
 
 
+def _apply_nodes() -> ModuleType:
+    from . import apply_nodes
+
+    return apply_nodes
+
+
 def _opensora_nodes() -> ModuleType:
     from . import opensora_nodes
 
@@ -41,7 +47,7 @@ def _toy_nodes() -> ModuleType:
 # The modules that define nodes, each exporting NODES (a list of io.ComfyNode classes), in menu order; each is
 # imported on its own so that one broken group of nodes cannot take the others down.
 _NODE_MODULES: tuple[Callable[[], ModuleType], ...] = (
-    _cache_nodes, _chai_nodes, _opensora_nodes, _opensora_vae_nodes, _toy_nodes)
+    _cache_nodes, _chai_nodes, _apply_nodes, _opensora_nodes, _opensora_vae_nodes, _toy_nodes)
 
 
 def node_list() -> list[type]:

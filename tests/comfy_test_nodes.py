@@ -70,3 +70,36 @@ def wan_random_state(module: Any, gen: Any) -> dict[str, Any]:
         else:
             state[key] = 0.1 * torch.randn(value.shape, generator=gen)
     return state
+
+
+def word_cond_node(default_dim: int) -> type:
+    """A V1 node class: a test text encoder with one hash-seeded vector per word (at most 8 words) as positive, and
+    `neg_length` fixed vectors as negative (as many as the positive's words when 0)."""
+
+    class WordCond:
+        """Test-only text encoder (no weights)."""
+
+        RETURN_TYPES = ("CONDITIONING", "CONDITIONING")
+        FUNCTION = "encode"
+        CATEGORY = "testing"
+
+        @classmethod
+        def INPUT_TYPES(cls) -> dict:
+            return {"required": {"prompt": ("STRING", {"default": ""}), "neg_length": ("INT", {"default": 0})},
+                    "optional": {"dim": ("INT", {"default": default_dim})}}
+
+        def encode(self, prompt: str, neg_length: int, dim: int = default_dim) -> tuple:
+            import hashlib
+
+            import torch
+
+            def vector(word: str) -> Any:
+                seed = int.from_bytes(hashlib.sha256(word.encode()).digest()[:8], "little")
+                return torch.randn(dim, generator=torch.Generator().manual_seed(seed))
+
+            words = prompt.lower().split()[:8] or ["<empty>"]
+            pos = torch.stack([vector(w) for w in words])[None]
+            neg = torch.stack([vector(f"<null{i}>") for i in range(neg_length or pos.shape[1])])[None]
+            return [[pos, {}]], [[neg, {}]]
+
+    return WordCond

@@ -260,3 +260,29 @@ def test_attention_call_binds_positional_and_keyword_qkv():
     assert args[1] is v and kwargs["extra"] == 1 and changed.mask is not None and call.k is k
     rows = call.rows(torch.tensor([False, True]))
     assert rows.q.shape[0] == 1
+
+
+def test_the_guiders_prompt_is_the_cond_chunk_whatever_its_index(setup):
+    """DualCFGGuider batches [negative, middle, positive] as chunks 0, 1, 2: 'cond' must mean the positive one."""
+    patcher, x, donor, cond, uncond = setup
+    run = make_run(donor)
+
+    class Guider:
+        model_options = {"transformer_options": {"chai_run": run}}
+        conds = {"negative": [{"uuid": "n"}], "middle": [{"uuid": "m"}], "positive": [{"uuid": "p"}]}
+
+    class Executor:
+        class_obj = Guider()
+
+        def __call__(self, *args, **kwargs):
+            return "sampled"
+
+    assert hooks.GuiderPrompts()(Executor()) == "sampled" and run.prompt_ids == {"p"}
+    xxx, ctx = x.repeat(3, 1, 1), torch.cat([uncond, cond * 0.5, cond])
+    plain = patcher.evaluate(xxx, float(SIGMAS[1]), ctx, [0, 1, 2])
+    out = installed(patcher).evaluate(xxx, float(SIGMAS[1]), ctx, [0, 1, 2], chai_run=run, uuids=["n", "m", "p"])
+    assert torch.equal(out[:2], plain[:2]) and (out[2] - plain[2]).abs().max() > 1e-4
+    assert [(f.rows, f.total_rows) for f in run.firings] == [(1, 3)]
+    # Without ids (or before a guider told the run) index 0 is the cond chunk, ComfyUI's CFGGuider convention.
+    assert make_run(donor).chunk_flags([0, 1]) == [True, False]
+    assert run.chunk_flags([0, 1], ["x", "p"]) == [False, True]

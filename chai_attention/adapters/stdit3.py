@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ...opensora.stdit3 import DEFAULT_FPS, STDiT3
 from ..constants import RUN_KEY, TIMESTEP_SCALE
+from ..hooks import track_prompts
 from ..kv import cache_attention, chunk_row_mask
 from ..run import BATCHED_CFG, COND, CacheAttentionRun, StepPlan
 from ..steps import first_value, options_sigma
@@ -109,10 +110,11 @@ class STDiT3Adapter(ModelAdapter):
 
     def replace_fn(self, run: CacheAttentionRun, cond_or_uncond: Sequence[int] = BATCHED_CFG,
                    sigma: float | None = None,
-                   previous: Callable[[Any], Tensor] | None = None) -> Callable[[Any], Tensor]:
+                   previous: Callable[[Any], Tensor] | None = None,
+                   ids: Sequence[Any] | None = None) -> Callable[[Any], Tensor]:
         """The callable for block 0's `attn_replace` slot (see `attn_replace`); `previous` is another pack's patch of
         that slot, which then computes every attention of the block (with the donor's K/V at cache steps)."""
-        flags = run.chunk_flags(cond_or_uncond)
+        flags = run.chunk_flags(cond_or_uncond, ids)
 
         def replace(call: Any) -> Tensor:
             attend = _attend_through(call, previous)
@@ -154,7 +156,7 @@ class STDiT3Adapter(ModelAdapter):
             if active is None:
                 return _attend_through(call, previous)(call.q, call.k, call.v)
             layout = tuple(int(c) for c in options.get("cond_or_uncond") or (COND,))
-            return self.replace_fn(active, layout, options_sigma(options), previous)(call)
+            return self.replace_fn(active, layout, options_sigma(options), previous, options.get("uuids"))(call)
 
         replace.chai_previous = previous  # type: ignore[attr-defined]
         return replace
@@ -172,6 +174,7 @@ class STDiT3Adapter(ModelAdapter):
             previous = previous.chai_previous
         patcher.set_model_patch_replace(self.options_replace_fn(run_key=run_key, previous=previous), "dit",
                                         *self.PATCH_KEY)
+        track_prompts(patcher, run_key)
 
     def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
         """Donor latents must be 4-D or 5-D STDiT3 latents with the model's channel count."""

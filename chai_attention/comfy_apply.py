@@ -1,0 +1,168 @@
+"""CHAI as a MODEL patch for any sampler node (CHAI Apply): Cache Attention on a hit, donor capture on a miss.
+
+`chai_apply` decides the request as CHAI Sampler does (`flow.plan_request`) and returns a ModelPatcher *clone*
+carrying it: on a usable hit the adapter's public hooks plus the run in transformer_options[RUN_KEY]; on a miss an
+APPLY_MODEL wrapper that keeps the model input at the planned sigmas of the full schedule. The sampler node samples
+the schedule `chai_apply` returns (SIGMAS, or its step count for KSampler-style nodes); KSamplerAdvanced step
+ranges and two-expert graphs work because steps are matched by sigma. An OUTER_SAMPLE wrapper starts the record
+afresh whenever a sampling begins at the schedule's first sigma (a re-queued graph re-uses the patched MODEL) and
+times the sampling. `AppliedRun.trace` turns the record into the CHAI_TRACE that CHAI Cache Write stores.
+ComfyUI glue: imports ComfyUI inside functions only.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import Tensor
+
+from .adapters.base import get_adapter
+from .config import ChaiConfig
+from .constants import CAPTURE_KEY, RUN_KEY
+from .flow import RequestPlan, Schedule, finish_fast, finish_full, plan_request, trace_for
+from .payloads import CacheHit, SampleTrace
+from .steps import match_step
+
+log = logging.getLogger(__name__)
+
+MONITOR_KEY = "chai_apply_monitor"  # OUTER_SAMPLE wrapper key
+
+
+@dataclass(eq=False)
+class AppliedRun:
+    """CHAI_APPLIED: one request's plan, bound to the patched MODEL; filled in while a sampler node samples.
+
+    Unlike the other CHAI payloads this one changes after it is built (the record of the sampling); ComfyUI
+    hands the same object to CHAI Apply Trace, which reads it after the sampler node ran.
+    """
+
+    plan: RequestPlan
+    hit: CacheHit | None
+    fingerprint: str
+    shape: tuple[int, ...]
+    config: ChaiConfig
+    sampler_name: str
+    scheduler: str
+    capture: Any = None  # comfy_glue.ModelInputCapture on a miss
+    switch_step: int = 0
+    latent_in: Any = None  # the model's process_latent_in: a sampler's output LATENT -> the model-input space
+    seconds: float = 0.0  # time inside the sampler nodes' sampling, summed
+    samplings: int = 0
+    problems: list[str] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def steps(self) -> int:
+        """Steps of the schedule to sample (fast on a usable hit, else full)."""
+        return len(self.plan.sigmas) - 1
+
+    def sigmas(self) -> Tensor:
+        """The schedule as SIGMAS (float32, CPU)."""
+        return torch.tensor(self.plan.sigmas, dtype=torch.float32)
+
+    def started(self, sigmas: Tensor) -> None:
+        """A sampler begins on `sigmas`: a run from the schedule's first sigma starts the record afresh."""
+        values = [float(s) for s in sigmas.reshape(-1).tolist()]
+        own = self.plan.sigmas
+        fresh = bool(values) and match_step(values[0], own) == 0
+        with self._lock:
+            if fresh:
+                self.seconds, self.samplings = 0.0, 0
+                self.problems.clear()
+                if self.capture is not None:
+                    self.capture.reset()
+                if self.plan.run is not None:
+                    self.plan.run.reset()
+            self.samplings += 1
+            unknown = [s for s in values[:-1] if match_step(s, own) is None]
+            if unknown:
+                self.problems.append(
+                    f"the sampler ran sigmas that are not on CHAI's {self.steps}-step schedule ({len(unknown)} of "
+                    f"{len(values) - 1}); give the sampler CHAI Apply's steps (or SIGMAS) and the sampler and "
+                    "scheduler set on CHAI Apply")
+
+    def add_time(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+
+    def trace(self, samples: Tensor | None = None) -> SampleTrace:
+        """The CHAI_TRACE of what sampled so far; `samples` (the final latent) serves the final_clean mapping."""
+        plan, report = self.plan, self.plan.report
+        donors, problem = None, ""
+        if self.capture is not None:
+            if samples is not None and self.capture.plan.final and tuple(samples.shape) == self.shape:
+                # Donors live in the model-input space the capture reads; a LATENT is in the output space.
+                self.capture.observe_final(self.latent_in(samples) if self.latent_in is not None else samples)
+            donors, problem = finish_full(plan, self.capture)
+        else:
+            finish_fast(plan)
+        if self.samplings == 0:
+            problem = problem or "no sampler ran on CHAI Apply's MODEL"
+            report.attention = "no sampler ran on CHAI Apply's MODEL"
+        if self.problems:
+            report.attention += f"; {self.problems[-1]}"
+        report.timings = {"sample": self.seconds}
+        return trace_for(plan, self.hit, fingerprint=self.fingerprint, shape=self.shape, config=self.config,
+                         sampler_name=self.sampler_name, scheduler=self.scheduler, donors=donors,
+                         capture_problem=problem)
+
+
+class SamplingMonitor:
+    """OUTER_SAMPLE wrapper: tells the AppliedRun when a sampling starts (on which sigmas) and how long it takes."""
+
+    def __init__(self, applied: AppliedRun) -> None:
+        self.applied = applied
+
+    def __deepcopy__(self, memo: dict) -> "SamplingMonitor":
+        return self
+
+    def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        sigmas = args[3] if len(args) > 3 else kwargs.get("sigmas")
+        if isinstance(sigmas, Tensor):
+            self.applied.started(sigmas)
+        start = time.perf_counter()
+        try:
+            return executor(*args, **kwargs)
+        finally:
+            self.applied.add_time(time.perf_counter() - start)
+
+
+def switch_step(sigmas: tuple[float, ...], boundary: float) -> int:
+    """Steps of `sigmas` whose sigma is at least `boundary` (Wan 2.2 A14B: the high-noise expert's share)."""
+    return sum(1 for s in sigmas[:-1] if s >= boundary)
+
+
+def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, schedule: Schedule,
+               sampler_name: str, scheduler: str, hit: CacheHit | None = None, fingerprint: str | None = None,
+               boundary: float = 0.875) -> tuple[Any, AppliedRun]:
+    """(the patched MODEL clone, its AppliedRun). `fingerprint` defaults to the MODEL's own (comfy_glue)."""
+    import comfy.patcher_extension
+
+    from .comfy_glue import ModelInputCapture, SharedRun, check_sampler_name, comfy_model_fingerprint, latent_shape
+
+    check_sampler_name(sampler_name)
+    adapter = get_adapter(model)  # an unsupported model fails here, naming the supported ones
+    fingerprint = fingerprint or comfy_model_fingerprint(model)
+    shape = latent_shape(model, latent)
+    plan = plan_request(hit, fingerprint=fingerprint, shape=shape, config=config, adapter=adapter,
+                        schedule=schedule, run_cls=SharedRun)
+    clone = model.clone()
+    capture = None
+    if plan.run is not None:
+        adapter.comfy_install(clone, run_key=RUN_KEY)
+        clone.model_options.setdefault("transformer_options", {})[RUN_KEY] = plan.run
+    else:
+        capture = ModelInputCapture(plan.capture, plan.sigmas, shape)
+        clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY, capture)
+    applied = AppliedRun(plan, hit, fingerprint, tuple(shape), config, sampler_name, scheduler, capture,
+                         switch_step(plan.sigmas, boundary), model.model.process_latent_in)
+    clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, MONITOR_KEY, SamplingMonitor(applied))
+    log.info("[CHAI] apply: %s, %d steps", plan.mode, applied.steps)
+    return clone, applied
+
+
+__all__ = ["AppliedRun", "SamplingMonitor", "switch_step", "chai_apply", "MONITOR_KEY"]

@@ -1,0 +1,176 @@
+"""CHAI Apply and CHAI Apply Trace: CHAI with the sampler nodes a graph already has (KSamplerAdvanced,
+SamplerCustomAdvanced with CFGGuider / DualCFGGuider, the Wan 2.2 two-sampler graph).
+
+CHAI Apply patches a MODEL clone for one request (Cache Attention on a usable hit, donor capture on a miss) and
+gives the schedule to sample as SIGMAS and as a step count; CHAI Apply Trace, placed after the sampler, turns what
+happened into the CHAI_TRACE that CHAI Cache Write stores. The work is in chai_attention.comfy_apply.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from comfy_api.latest import io
+
+from .canvas import show
+from .chai_nodes import (APPLY_TO, CATEGORY, CHAI_HIT, CHAI_TRACE, KV_MODES, MAX_STEPS, OPENSORA_SCHEDULER, SAMPLERS,
+                         SCHEDULERS, opensora_schedule)
+from .errors import user_errors
+from .widgets import combo
+
+log = logging.getLogger(__name__)
+
+CHAI_APPLIED = io.Custom("CHAI_APPLIED")
+WAN22_T2V_BOUNDARY = 0.875  # Wan 2.2 A14B text-to-video switches experts below this sigma (image-to-video: 0.9)
+
+
+class Apply(io.ComfyNode):
+    """Patch a MODEL for one CHAI request, for any sampler node: fast with Cache Attention on a hit, full with
+    donor capture on a miss."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CHAI_Apply",
+            display_name="CHAI Apply",
+            category=CATEGORY,
+            description="CHAI for your own sampler nodes. With a usable hit the MODEL it returns uses Cache "
+                        "Attention at the cache steps and the schedule is fast_steps long; otherwise the MODEL "
+                        "captures the donor latents of a full_steps run. Give the sampler its MODEL and its SIGMAS "
+                        "(SamplerCustomAdvanced) or its steps (KSampler / KSamplerAdvanced, same sampler and "
+                        "scheduler as here); put CHAI Apply Trace after the sampler, then CHAI Cache Write.",
+            inputs=[
+                io.Model.Input("model", tooltip="The video model the sampler uses (OpenSora 1.2 STDiT3 or Wan 2.1/"
+                                                "2.2; for Wan 2.2 A14B the high-noise expert). Same MODEL as the "
+                                                "lookup's."),
+                io.Latent.Input("latent", tooltip="The latent the sampler starts from (same as the lookup's)."),
+                combo("sampler_name", options=SAMPLERS, default="euler",
+                      tooltip="The sampler your sampler node uses (KSamplerSelect or KSampler's): the schedule "
+                              "depends on it for a few samplers (dpm_2, ...)."),
+                combo("scheduler", options=SCHEDULERS, default="simple",
+                      tooltip="The scheduler your sampler node uses; 'opensora' is OpenSora 1.2's exact schedule "
+                              "(feed SIGMAS to SamplerCustomAdvanced then)."),
+                io.Int.Input("full_steps", default=30, min=1, max=MAX_STEPS,
+                             tooltip="Steps on a miss (the full schedule; 30 in the paper and Wan's template)."),
+                io.Int.Input("fast_steps", default=8, min=1, max=MAX_STEPS,
+                             tooltip="Steps on a hit (the paper: 8, about 3.5x faster than 30)."),
+                io.String.Input("cache_steps", default="2,3,4",
+                                tooltip="Steps of the fast schedule, counted from 1, at which Cache Attention runs "
+                                        "(the paper: 2,3,4 of 8)."),
+                combo("kv_mode", options=KV_MODES, default="replace",
+                      tooltip="'replace' (the paper): block 0 attends to the donor's keys/values only; 'concat': "
+                              "to its own and the donor's."),
+                combo("apply_to", options=APPLY_TO, default="cond",
+                      tooltip="'cond': only the prompt half of CFG attends to the donor; 'both': the negative "
+                              "half too."),
+                CHAI_HIT.Input("hit", optional=True,
+                               tooltip="The lookup result from CHAI Cache Lookup; not connected or a miss: full "
+                                       "schedule with donor capture."),
+                io.Model.Input("model_2", optional=True,
+                               tooltip="Wan 2.2 A14B: the low-noise expert (the second sampler's MODEL). Only "
+                                       "identifies the pair for the cache; connect the same one to the lookup."),
+                io.Float.Input("boundary", default=WAN22_T2V_BOUNDARY, min=0.0, max=1.0, step=0.005, optional=True,
+                               tooltip="Wan 2.2 A14B: the sigma below which the low-noise expert samples (0.875 "
+                                       "text-to-video, 0.9 image-to-video); sets the switch_step output."),
+            ],
+            outputs=[
+                io.Model.Output("patched_model", display_name="MODEL",
+                                tooltip="The patched MODEL for your sampler (the input MODEL is never changed)."),
+                io.Sigmas.Output("sigmas", display_name="SIGMAS",
+                                 tooltip="The schedule to sample: fast on a hit, full on a miss."),
+                io.Int.Output("steps", display_name="steps",
+                              tooltip="Its step count, for KSampler / KSamplerAdvanced 'steps'."),
+                io.Int.Output("switch_step", display_name="switch_step",
+                              tooltip="Wan 2.2 A14B two-sampler graph: the first step of the low-noise expert "
+                                      "(end_at_step of the first KSamplerAdvanced, start_at_step of the second)."),
+                CHAI_APPLIED.Output("chai", display_name="chai",
+                                    tooltip="This request's CHAI state; connect to CHAI Apply Trace."),
+                io.String.Output("report", display_name="report", tooltip="Hit or miss, steps, why."),
+            ],
+        )
+
+    @classmethod
+    def validate_inputs(cls, cache_steps: str | None = None, fast_steps: int | None = None) -> bool | str:
+        """Reject cache steps that do not parse or lie outside the fast schedule before anything runs."""
+        from ..chai_attention.config import check_cache_steps
+
+        try:
+            check_cache_steps(cache_steps, MAX_STEPS if fast_steps is None else fast_steps)
+        except ValueError as exc:
+            return str(exc)
+        return True
+
+    @classmethod
+    def execute(cls, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,
+                cache_steps: str, kv_mode: str, apply_to: str, hit: Any = None, model_2: Any = None,
+                boundary: float = WAN22_T2V_BOUNDARY) -> io.NodeOutput:
+        node = "CHAI Apply"
+        with user_errors(node):
+            from ..chai_attention.comfy_apply import chai_apply
+            from ..chai_attention.comfy_glue import comfy_schedule, request_fingerprint
+            from ..chai_attention.config import ChaiConfig
+
+            config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=cache_steps,
+                                kv_mode=kv_mode, apply_to=apply_to)
+            if scheduler == OPENSORA_SCHEDULER:
+                schedule = opensora_schedule(model, latent, node)
+            else:
+                schedule = comfy_schedule(model, sampler_name, scheduler)
+            fingerprint = request_fingerprint(model, model_2, boundary)
+            patched, applied = chai_apply(model, latent, config=config, schedule=schedule, sampler_name=sampler_name,
+                                          scheduler=scheduler, hit=hit, fingerprint=fingerprint, boundary=boundary)
+        report = apply_report(applied)
+        status = f"{'HIT' if applied.plan.run is not None else 'MISS'} · {applied.steps} steps"
+        return io.NodeOutput(patched, applied.sigmas(), applied.steps, applied.switch_step, applied, report,
+                             ui=show(status, report))
+
+
+def apply_report(applied: Any) -> str:
+    """CHAI Apply's report: what the sampler will run and why."""
+    report = applied.plan.report
+    lines = [f"CHAI Apply: {report.mode} ({'hit' if applied.plan.run is not None else 'miss'}), "
+             f"{applied.steps} steps; sample them with the MODEL and SIGMAS (or steps) from this node",
+             f"lookup: {report.lookup}"]
+    if applied.plan.run is not None:
+        lines.append(f"cache steps {','.join(map(str, applied.config.cache_steps))} of {applied.steps}")
+    else:
+        lines.append(f"capturing donor latents at full-schedule steps "
+                     f"{', '.join(str(i + 1) for i in applied.plan.capture.indices) or 'final'}")
+    lines.append(f"switch_step {applied.switch_step} (Wan 2.2 A14B two-sampler graphs)")
+    return "\n".join(lines)
+
+
+class ApplyTrace(io.ComfyNode):
+    """After the sampler: what CHAI Apply's MODEL did, as the CHAI_TRACE that CHAI Cache Write stores."""
+
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="CHAI_ApplyTrace",
+            display_name="CHAI Apply Trace",
+            category=CATEGORY,
+            description="Reads what happened while your sampler ran on CHAI Apply's MODEL: on a miss the captured "
+                        "donor latents, on a hit the cache steps that fired. Connect the sampler's output LATENT "
+                        "(so it runs after the sampler) and give the trace to CHAI Cache Write.",
+            inputs=[
+                CHAI_APPLIED.Input("chai", tooltip="The chai output of CHAI Apply."),
+                io.Latent.Input("samples", tooltip="The LATENT your (last) sampler returned."),
+            ],
+            outputs=[
+                CHAI_TRACE.Output("trace", display_name="trace", tooltip="Connect to CHAI Cache Write."),
+                io.String.Output("report", display_name="report",
+                                 tooltip="Mode, steps, the cache steps that fired or the donors captured."),
+            ],
+        )
+
+    @classmethod
+    def execute(cls, chai: Any, samples: dict) -> io.NodeOutput:
+        with user_errors("CHAI Apply Trace"):
+            trace = chai.trace(samples.get("samples"))
+        from ..chai_attention.status import sampler_status
+
+        report = trace.report.text()
+        return io.NodeOutput(trace, report, ui=show(sampler_status(trace.report), report))
+
+
+NODES = [Apply, ApplyTrace]

