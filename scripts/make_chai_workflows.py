@@ -46,6 +46,13 @@ TOY_NOTE = TOY_NOTE_TEMPLATE.replace("TOY_CFG_TEXT", f"{TOY_CFG:g}")
 WAN_PROMPT = "a red fox walking through fresh snow in a quiet pine forest, soft morning light"
 WAN_NEGATIVE = ("blurry, low quality, worst quality, static, still picture, distorted, deformed, watermark, "
                 "subtitles, text, extra limbs, messy background")
+HUNYUAN_PROMPT = "a golden retriever running along a sunny beach at sunset, waves rolling in behind it"
+LTXV_PROMPT = ("A red fox walks slowly through fresh snow in a quiet pine forest. Its thick orange fur stands out "
+               "against the white ground, and its breath forms small clouds in the cold air. Soft morning light "
+               "falls between the tall trees and long blue shadows stretch across the snow. The camera follows "
+               "the fox at ground level. The scene appears to be real-life footage.")
+LTXV_NEGATIVE = ("low quality, worst quality, deformed, distorted, disfigured, motion smear, motion artifacts, "
+                 "fused fingers, bad anatomy, weird hand, ugly")
 WARMUP_PROMPTS = "\n".join([
     "# One prompt per line; lines starting with # are skipped.",
     "a golden retriever running along a sunny beach at sunset",
@@ -63,6 +70,7 @@ WARMUP_PROMPTS = "\n".join([
 HF = "https://huggingface.co"
 WAN_REPACK = f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files"
 WAN22_REPACK = f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files"
+HUNYUAN_REPACK = f"{HF}/Comfy-Org/HunyuanVideo_repackaged/resolve/main/split_files"
 MODEL_FILES = {
     "opensora_stdit3": {"name": "OpenSora-STDiT-v3.safetensors", "directory": "diffusion_models",
                         "url": f"{HF}/hpcai-tech/OpenSora-STDiT-v3/resolve/main/model.safetensors"},
@@ -84,6 +92,16 @@ MODEL_FILES = {
                       "url": f"{WAN22_REPACK}/diffusion_models/wan2.2_ti2v_5B_fp16.safetensors"},
     "wan22_vae": {"name": "wan2.2_vae.safetensors", "directory": "vae",
                   "url": f"{WAN22_REPACK}/vae/wan2.2_vae.safetensors"},
+    "hunyuan_video_t2v": {"name": "hunyuan_video_t2v_720p_bf16.safetensors", "directory": "diffusion_models",
+                          "url": f"{HUNYUAN_REPACK}/diffusion_models/hunyuan_video_t2v_720p_bf16.safetensors"},
+    "clip_l": {"name": "clip_l.safetensors", "directory": "text_encoders",
+               "url": f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/clip_l.safetensors"},
+    "llava_llama3": {"name": "llava_llama3_fp8_scaled.safetensors", "directory": "text_encoders",
+                     "url": f"{HUNYUAN_REPACK}/text_encoders/llava_llama3_fp8_scaled.safetensors"},
+    "hunyuan_video_vae": {"name": "hunyuan_video_vae_bf16.safetensors", "directory": "vae",
+                          "url": f"{HUNYUAN_REPACK}/vae/hunyuan_video_vae_bf16.safetensors"},
+    "ltxv_2b": {"name": "ltx-video-2b-v0.9.safetensors", "directory": "checkpoints",
+                "url": f"{HF}/Lightricks/LTX-Video/resolve/main/ltx-video-2b-v0.9.safetensors"},
 }
 
 
@@ -347,14 +365,14 @@ def wan22_a14b_t2v() -> UIGraph:
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
     unets = []
     for i, key in enumerate(("wan22_t2v_high", "wan22_t2v_low")):
-        unet = g.node("UNETLoader", (0, 240 + 240 * i), [MODEL_FILES[key]["name"], "default"], models=(key,),
+        unet = g.node("UNETLoader", (0, 240 + 280 * i), [MODEL_FILES[key]["name"], "default"], models=(key,),
                       title=("High-noise expert", "Low-noise expert")[i])
-        shift = g.node("ModelSamplingSD3", (0, 400 + 240 * i), [8.0], size=(300, 80))
+        shift = g.node("ModelSamplingSD3", (0, 400 + 280 * i), [8.0], size=(300, 80))
         g.link(unet, 0, shift, "model")
         unets.append(shift)
     high, low = unets
-    positive, negative = wan_text(g, prompt, 760)
-    latent = g.node("EmptyHunyuanLatentVideo", (0, 1280), [832, 480, 81, 1], size=(320, 160))
+    positive, negative = wan_text(g, prompt, 800)
+    latent = g.node("EmptyHunyuanLatentVideo", (0, 1320), [832, 480, 81, 1], size=(320, 160))
     apply, cache, ents, _ = apply_nodes(g, high, latent, prompt, cache_name="wan22_a14b", sampler="euler", x=440,
                                         model_2=low)
     samplers = []
@@ -418,6 +436,77 @@ def wan22_5b_i2v() -> UIGraph:
     return g
 
 
+def hunyuan_video_t2v() -> UIGraph:
+    """HunyuanVideo T2V + CHAI with ComfyUI's native loaders, as in ComfyUI's own HunyuanVideo template."""
+    g = UIGraph("chai_hunyuan_video_t2v")
+    g.note((-420, 40), "## CHAI on HunyuanVideo T2V\n\nComfyUI's native HunyuanVideo nodes plus CHAI: misses run 30 "
+                       "steps and fill the cache, hits on a shared entity run 8 steps with Cache Attention in the "
+                       "first double block's joint attention (the image keys and values come from the donor, the "
+                       "text ones stay the prompt's). HunyuanVideo is guidance-distilled: the guidance is "
+                       "FluxGuidance's, the sampler's cfg stays 1.0 and the negative is not used.\n\n"
+                       + files_note("hunyuan_video_t2v", "clip_l", "llava_llama3", "hunyuan_video_vae"),
+           size=(420, 460))
+    prompt = g.node("PrimitiveStringMultiline", (0, 40), [HUNYUAN_PROMPT], title="Prompt", size=(380, 160))
+    unet = g.node("UNETLoader", (0, 240), ["hunyuan_video_t2v_720p_bf16.safetensors", "default"],
+                  models=("hunyuan_video_t2v",))
+    model = g.node("ModelSamplingSD3", (0, 400), [7.0], size=(300, 80))
+    g.link(unet, 0, model, "model")
+    clip = g.node("DualCLIPLoader", (0, 520), ["clip_l.safetensors", "llava_llama3_fp8_scaled.safetensors",
+                                               "hunyuan_video", "default"], size=(380, 160),
+                  models=("clip_l", "llava_llama3"))
+    text = g.node("CLIPTextEncode", (0, 720), [""], title="Prompt encode", size=(380, 120))
+    g.link(clip, 0, text, "clip")
+    g.link(prompt, 0, text, "text")
+    positive = g.node("FluxGuidance", (0, 880), [6.0], title="Positive (guidance 6)", size=(300, 80))
+    g.link(text, 0, positive, "conditioning")
+    negative = g.node("ConditioningZeroOut", (0, 1000), [], title="Negative (unused at cfg 1)", size=(300, 60))
+    g.link(text, 0, negative, "conditioning")
+    latent = g.node("EmptyHunyuanLatentVideo", (0, 1100), [848, 480, 73, 1], size=(320, 160))
+    sampler = chai_nodes(g, model, latent, (positive, 0), (negative, 0), prompt, cache_name="hunyuan_video",
+                         cfg=1.0, sampler="euler", scheduler="simple", x=440)
+    vae = g.node("VAELoader", (OUT_X, 40), ["hunyuan_video_vae_bf16.safetensors"], size=(320, 80),
+                 models=("hunyuan_video_vae",))
+    decode = g.node("VAEDecodeTiled", (OUT_X, 160), [256, 64, 64, 8], size=(300, 160))
+    g.link(sampler, 0, decode, "samples")
+    g.link(vae, 0, decode, "vae")
+    save_video(g, decode, 360, 24.0, "CHAI_hunyuan_video", fps_from_decode=False)
+    return g
+
+
+def ltxv_t2v() -> UIGraph:
+    """LTX-Video 2B + CHAI with ComfyUI's native loaders, as in ComfyUI's own LTXV template."""
+    g = UIGraph("chai_ltxv_t2v")
+    g.note((-420, 40), "## CHAI on LTX-Video\n\nComfyUI's native LTXV nodes plus CHAI: misses run 30 steps and "
+                       "fill the cache, hits on a shared entity run 8 steps with Cache Attention in the first "
+                       "transformer block's self-attention. LTXV wants long, descriptive prompts. "
+                       "ModelSamplingLTXV sets the size-dependent shift that LTXVScheduler uses, so the sampler's "
+                       "'simple' scheduler gives LTXVScheduler's sigmas without its terminal stretch.\n\n"
+                       + files_note("ltxv_2b", "t5xxl"), size=(420, 460))
+    prompt = g.node("PrimitiveStringMultiline", (0, 40), [LTXV_PROMPT], title="Prompt", size=(380, 200))
+    ckpt = g.node("CheckpointLoaderSimple", (0, 280), ["ltx-video-2b-v0.9.safetensors"], size=(380, 100),
+                  models=("ltxv_2b",))
+    clip = g.node("CLIPLoader", (0, 420), ["t5xxl_fp16.safetensors", "ltxv", "default"], models=("t5xxl",))
+    positive = g.node("CLIPTextEncode", (0, 580), [""], title="Positive", size=(380, 120))
+    g.link(clip, 0, positive, "clip")
+    g.link(prompt, 0, positive, "text")
+    negative = g.node("CLIPTextEncode", (0, 740), [LTXV_NEGATIVE], title="Negative", size=(380, 160))
+    g.link(clip, 0, negative, "clip")
+    conditioning = g.node("LTXVConditioning", (0, 940), [25.0], size=(300, 100))
+    g.link(positive, 0, conditioning, "positive")
+    g.link(negative, 0, conditioning, "negative")
+    latent = g.node("EmptyLTXVLatentVideo", (0, 1080), [768, 512, 97, 1], size=(320, 160))
+    model = g.node("ModelSamplingLTXV", (0, 1280), [2.05, 0.95], size=(300, 110))
+    g.link(ckpt, 0, model, "model")
+    g.link(latent, 0, model, "latent")
+    sampler = chai_nodes(g, model, latent, (conditioning, 0), (conditioning, 1), prompt, cache_name="ltxv",
+                         cfg=3.0, sampler="euler", scheduler="simple", x=440)
+    decode = g.node("VAEDecode", (OUT_X, 40), [], size=(220, 60))
+    g.link(sampler, 0, decode, "samples")
+    g.link(ckpt, 2, decode, "vae")
+    save_video(g, decode, 140, 24.0, "CHAI_ltxv", fps_from_decode=False)
+    return g
+
+
 def opensora_warmup() -> UIGraph:
     """A batch of prompts through the miss path (full schedule, capture, write) to fill an OpenSora cache."""
     g = UIGraph("chai_opensora_warmup")
@@ -443,7 +532,8 @@ def opensora_warmup() -> UIGraph:
 
 WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
              "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v,
-             "chai_wan22_a14b_t2v": wan22_a14b_t2v, "chai_wan22_5b_i2v": wan22_5b_i2v}
+             "chai_wan22_a14b_t2v": wan22_a14b_t2v, "chai_wan22_5b_i2v": wan22_5b_i2v,
+             "chai_hunyuan_video_t2v": hunyuan_video_t2v, "chai_ltxv_t2v": ltxv_t2v}
 # The UI files' names. ComfyUI's template browser titles a custom node pack's template with its file name and
 # describes it with the same name ('-' and '_' shown as spaces), so the names are written to be read (no '-' or
 # '_'). The API twins and the tests keep the short keys; tests/workflows/template_files.json maps one to the other.
@@ -454,6 +544,8 @@ TEMPLATE_FILES = {
     "chai_opensora_warmup": "CHAI OpenSora 1.2, warm up a cache from a prompt list",
     "chai_wan22_a14b_t2v": "CHAI Wan 2.2 A14B, two experts, CHAI Apply with KSamplerAdvanced",
     "chai_wan22_5b_i2v": "CHAI Wan 2.2 TI2V 5B, image to video with CHAI Apply",
+    "chai_hunyuan_video_t2v": "CHAI HunyuanVideo, text to video with Cache Attention",
+    "chai_ltxv_t2v": "CHAI LTX Video 2B, text to video with Cache Attention",
 }
 
 

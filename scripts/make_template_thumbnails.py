@@ -5,7 +5,8 @@
 ComfyUI's template browser shows a custom node pack's workflow `<name>.json` with the picture `<name>.jpg` next
 to it. The toy workflow's picture is a real frame strip: its prompt rendered by the shipped toy model with the
 workflow's seed, steps and cfg (the reference sampler, which equals the workflow's output to float rounding).
-The OpenSora, Wan and warm-up workflows get a diagram of their graph: their models are too large to run here.
+The OpenSora, Wan, HunyuanVideo, LTXV and warm-up workflows get a diagram of their graph: their models are too
+large to run here.
 """
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ DIAGRAMS = {
     "chai_wan22_5b_i2v": ("CHAI on Wan 2.2 TI2V 5B", "image to video: donors of the same image",
                           ["Start image + Wan 2.2 VAE", "Cache Lookup (image)", "CHAI Apply",
                            "SamplerCustomAdvanced", "CHAI Apply Trace", "Cache Write"]),
+    "chai_hunyuan_video_t2v": ("CHAI on HunyuanVideo", "ComfyUI's HunyuanVideo loaders + Cache Attention",
+                               ["HunyuanVideo + CLIP-L/LLaMA", "Entity Extract", "Cache Lookup", "CHAI Sampler",
+                                "Cache Write", "VAE Decode -> video"]),
+    "chai_ltxv_t2v": ("CHAI on LTX-Video 2B", "ComfyUI's LTXV loaders + Cache Attention",
+                      ["LTXV + T5", "Entity Extract", "Cache Lookup", "CHAI Sampler", "Cache Write",
+                       "VAE Decode -> video"]),
 }
 
 

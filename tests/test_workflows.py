@@ -17,7 +17,7 @@ SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_te
 TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 SPECS = {kind: spec["widgets"] for kind, spec in SPEC_DOC.items()}
 NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v", "chai_wan22_a14b_t2v",
-         "chai_wan22_5b_i2v"]
+         "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v"]
 CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
             "CHAI_CacheStats", "CHAI_PromptList", "CHAI_OpenSoraModelLoader", "CHAI_OpenSoraTextEncode",
             "CHAI_OpenSoraEmptyLatent", "CHAI_OpenSoraScheduler", "CHAI_OpenSoraModelSampling",
@@ -117,6 +117,53 @@ def test_wan_workflow_uses_comfyui_native_loaders():
     assert sum(e["inputs"]["text"] == [prompt_id, 0] for e in encoders.values()) == 1
     assert only(api, "CHAI_EntityExtract")[1]["inputs"]["prompt"] == [prompt_id, 0]
     assert only(api, "VAEDecode")[1]["inputs"]["samples"] == [sampler_id, 0]
+
+
+def test_hunyuan_video_workflow_uses_comfyui_native_nodes_as_its_own_template_does():
+    _, api = load("chai_hunyuan_video_t2v")
+    for kind in ("UNETLoader", "DualCLIPLoader", "VAELoader", "VAEDecodeTiled", "CreateVideo", "SaveVideo",
+                 "EmptyHunyuanLatentVideo", "ModelSamplingSD3", "FluxGuidance", "ConditioningZeroOut"):
+        only(api, kind)
+    _, clip = only(api, "DualCLIPLoader")
+    assert clip["inputs"]["type"] == "hunyuan_video"
+    shift_id, shift = only(api, "ModelSamplingSD3")
+    assert shift["inputs"]["shift"] == 7.0 and shift["inputs"]["model"] == [only(api, "UNETLoader")[0], 0]
+    sampler_id, sampler = only(api, "CHAI_Sampler")
+    inputs = sampler["inputs"]
+    # Guidance-distilled: the guidance travels in the conditioning (FluxGuidance), cfg 1 skips the negative.
+    guidance_id, guidance = only(api, "FluxGuidance")
+    assert inputs["cfg"] == 1.0 and inputs["positive"] == [guidance_id, 0] and guidance["inputs"]["guidance"] == 6.0
+    assert inputs["model"] == [shift_id, 0] == only(api, "CHAI_CacheLookup")[1]["inputs"]["model"]
+    assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "2,3,4")
+    prompt_id, _ = only(api, "PrimitiveStringMultiline")
+    assert only(api, "CLIPTextEncode")[1]["inputs"]["text"] == [prompt_id, 0]
+    assert only(api, "CHAI_EntityExtract")[1]["inputs"]["prompt"] == [prompt_id, 0]
+    assert only(api, "VAEDecodeTiled")[1]["inputs"]["samples"] == [sampler_id, 0]
+
+
+def test_ltxv_workflow_uses_comfyui_native_nodes_as_its_own_template_does():
+    _, api = load("chai_ltxv_t2v")
+    for kind in ("CheckpointLoaderSimple", "CLIPLoader", "LTXVConditioning", "EmptyLTXVLatentVideo",
+                 "ModelSamplingLTXV", "VAEDecode", "CreateVideo", "SaveVideo"):
+        only(api, kind)
+    _, clip = only(api, "CLIPLoader")
+    assert clip["inputs"]["type"] == "ltxv"
+    ckpt_id, _ = only(api, "CheckpointLoaderSimple")
+    latent_id, _ = only(api, "EmptyLTXVLatentVideo")
+    shift_id, shift = only(api, "ModelSamplingLTXV")
+    assert shift["inputs"]["model"] == [ckpt_id, 0] and shift["inputs"]["latent"] == [latent_id, 0]
+    cond_id, _ = only(api, "LTXVConditioning")
+    sampler_id, sampler = only(api, "CHAI_Sampler")
+    inputs = sampler["inputs"]
+    assert inputs["positive"] == [cond_id, 0] and inputs["negative"] == [cond_id, 1]
+    assert inputs["model"] == [shift_id, 0] == only(api, "CHAI_CacheLookup")[1]["inputs"]["model"]
+    assert inputs["latent"] == [latent_id, 0] and inputs["scheduler"] == "simple"
+    prompt_id, _ = only(api, "PrimitiveStringMultiline")
+    encoders = dict(by_type(api, "CLIPTextEncode"))
+    assert sum(e["inputs"]["text"] == [prompt_id, 0] for e in encoders.values()) == 1
+    assert only(api, "CHAI_EntityExtract")[1]["inputs"]["prompt"] == [prompt_id, 0]
+    _, decode = only(api, "VAEDecode")
+    assert decode["inputs"] == {"samples": [sampler_id, 0], "vae": [ckpt_id, 2]}
 
 
 def test_warmup_workflow_runs_every_prompt_through_the_miss_path():
@@ -250,23 +297,28 @@ def test_workflow_files_are_what_the_generator_writes():
 
 
 LOADERS = {"CHAI_OpenSoraModelLoader": "diffusion_models", "UNETLoader": "diffusion_models",
-           "CLIPLoader": "text_encoders", "CHAI_OpenSoraVAELoader": "vae", "VAELoader": "vae"}
+           "CLIPLoader": "text_encoders", "DualCLIPLoader": "text_encoders", "CHAI_OpenSoraVAELoader": "vae",
+           "VAELoader": "vae", "CheckpointLoaderSimple": "checkpoints"}
 
 
 @pytest.mark.parametrize("name", ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup",
-                                  "chai_wan22_a14b_t2v", "chai_wan22_5b_i2v"])
+                                  "chai_wan22_a14b_t2v", "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v",
+                                  "chai_ltxv_t2v"])
 def test_every_model_loader_carries_its_file_folder_and_download_link_and_the_note_says_where_it_goes(name):
     ui, _ = load(name)
     note = next(n for n in ui["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]
     loaders = [n for n in ui["nodes"] if n["type"] in LOADERS]
     assert loaders
     for node in loaders:
-        (model,) = node["properties"]["models"]
-        # The frontend matches the entry to the widget by file name and downloads into models/<directory>.
-        assert model["name"] == node["widgets_values"][0], node["type"]
-        assert model["directory"] == LOADERS[node["type"]]
-        assert model["url"].startswith("https://huggingface.co/") and model["url"].endswith(".safetensors")
-        assert f"`{model['name']}` in `models/{model['directory']}/`" in note and model["url"] in note
+        models = node["properties"]["models"]
+        # The frontend matches each entry to a widget by file name and downloads into models/<directory>
+        # (DualCLIPLoader: one entry per file widget).
+        assert [m["name"] for m in models] == node["widgets_values"][:len(models)], node["type"]
+        assert len(models) == (2 if node["type"] == "DualCLIPLoader" else 1)
+        for model in models:
+            assert model["directory"] == LOADERS[node["type"]]
+            assert model["url"].startswith("https://huggingface.co/") and model["url"].endswith(".safetensors")
+            assert f"`{model['name']}` in `models/{model['directory']}/`" in note and model["url"] in note
 
 
 def test_the_toy_workflow_needs_no_download():

@@ -88,10 +88,12 @@ def register_adapter(cls: type[ModelAdapter]) -> type[ModelAdapter]:
 
 def _adapter_classes() -> list[type[ModelAdapter]]:
     # Imported on first use so that importing the registry stays cheap.
+    from .hunyuan_video import HunyuanVideoAdapter
+    from .ltxv import LTXVAdapter
     from .stdit3 import STDiT3Adapter
     from .wan import WanAdapter
 
-    builtin = {c.family: c for c in (STDiT3Adapter, WanAdapter)}
+    builtin = {c.family: c for c in (STDiT3Adapter, WanAdapter, HunyuanVideoAdapter, LTXVAdapter)}
     return list({**builtin, **_REGISTERED}.values())
 
 

@@ -191,3 +191,27 @@ def test_every_shipped_workflow_loads_with_every_node_resolved_and_converts_to_i
                 assert got == want, key
         finally:
             browser.close()
+
+
+def test_every_shipped_workflow_loads_in_the_frontend_with_every_node_resolved(server):
+    """Each workflows/*.json loaded into the stock frontend: every node is on the canvas and its type is a
+    registered node (the pack's, the core's or the frontend's own, such as MarkdownNote)."""
+    url, _ = server
+    script = ("async (wf) => { await app.loadGraphData(wf); return app.graph.nodes.map((n) => "
+              "[n.id, n.type, !!LiteGraph.registered_node_types[n.type]]); }")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.goto(url)
+            page.wait_for_function("() => window.app?.graph && window.app.extensionManager", timeout=TIMEOUT_S * 1000)
+            for name, title in TEMPLATE_FILES.items():
+                workflow = json.loads((REPO / "workflows" / f"{title}.json").read_text())
+                loaded = page.evaluate(script, workflow)
+                assert sorted((i, t) for i, t, _ in loaded) == sorted((n["id"], n["type"]) for n in workflow["nodes"])
+                assert [t for _, t, registered in loaded if not registered] == [], name
+            # The check can fail: a node type nobody registered is reported.
+            workflow["nodes"][-1]["type"] = "CHAI_NoSuchNode"
+            assert [t for _, t, registered in page.evaluate(script, workflow) if not registered] == ["CHAI_NoSuchNode"]
+        finally:
+            browser.close()
