@@ -227,8 +227,8 @@ class Sampler(io.ComfyNode):
                         "first block's self-attention takes its keys and values from the donor's latents. The "
                         "MODEL itself is never changed.",
             inputs=[
-                io.Model.Input("model", tooltip="The video model (OpenSora 1.2 STDiT3 or Wan 2.1/2.2); use the "
-                                                "same MODEL for the lookup."),
+                io.Model.Input("model", tooltip="The video model (OpenSora 1.2 STDiT3, Wan 2.1/2.2, HunyuanVideo "
+                                                "or LTX-Video text-to-video); use the same MODEL for the lookup."),
                 io.Conditioning.Input("positive", tooltip="The prompt's conditioning."),
                 io.Conditioning.Input("negative", tooltip="The negative conditioning (OpenSora: the null caption "
                                                           "from CHAI OpenSora Text Encode)."),
@@ -237,7 +237,9 @@ class Sampler(io.ComfyNode):
                              tooltip="Noise seed; the same seed and settings give the same video as KSampler on a "
                                      "miss."),
                 io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1, round=0.01,
-                               tooltip="Classifier-free guidance scale: OpenSora 1.2 uses 7.0, Wan 2.1 5-6."),
+                               tooltip="Classifier-free guidance scale: OpenSora 1.2 uses 7.0, Wan 2.1 5-6, "
+                                       "LTX-Video 3; HunyuanVideo 1.0 (guidance-distilled: its guidance comes "
+                                       "from FluxGuidance)."),
                 combo("sampler_name", options=SAMPLERS, default="euler",
                                tooltip="Sampler. 'euler' (OpenSora's own) or 'uni_pc' (Wan's template) work best; "
                                        "two-evaluation samplers (heun, dpm_2) are supported, Cache Attention "

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from ..hooks import HookAdapter
 from ..run import CacheAttentionRun
 from .base import ModelAdapter, UnsupportedModelError
+from .video_latents import check_video_donors, has_modules
 
 # ComfyUI Wan classes whose forward adds streams to the tokens before block 0 or calls blocks differently.
 _UNSUPPORTED_CLASSES = {
@@ -30,10 +31,6 @@ SUPPORTED_TEXT = ("Wan 2.1 T2V (1.3B, 14B) and I2V / FLF2V (14B), Wan 2.2 T2V an
                   "Wan 2.2 TI2V 5B (text- and image-to-video); image-conditioned requests hit only donors made from "
                   "the same image")
 IMAGE_CHANNELS = 20  # Wan image-to-video input: the latent plus a 4-channel mask and a 16-channel image latent
-
-
-def _has_modules(owner: Any, names: Sequence[str]) -> bool:
-    return all(isinstance(getattr(owner, n, None), nn.Module) for n in names)
 
 
 class WanAdapter(HookAdapter, ModelAdapter):
@@ -64,8 +61,8 @@ class WanAdapter(HookAdapter, ModelAdapter):
             return False
         block = blocks[0]
         attn = getattr(block, "self_attn", None)
-        return (_has_modules(block, ("norm1",)) and isinstance(getattr(block, "modulation", None), Tensor)
-                and attn is not None and _has_modules(attn, ("q", "k", "v", "o")))
+        return (has_modules(block, ("norm1",)) and isinstance(getattr(block, "modulation", None), Tensor)
+                and attn is not None and has_modules(attn, ("q", "k", "v", "o")))
 
     @staticmethod
     def unsupported_reason(model: nn.Module) -> str | None:
@@ -102,12 +99,4 @@ class WanAdapter(HookAdapter, ModelAdapter):
     def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
         """Donors must be [C, T, H, W] / [B, C, T, H, W] latents of the model's channels and, when the sampled
         latent's shape is given, of its shape: Wan Cache Attention aligns tokens by position."""
-        shape = tuple(run.donors.shape)
-        channels = self.latent_channels()
-        if len(shape) not in (4, 5) or shape[-4] != channels:
-            raise ValueError(f"donor latents of shape {shape} are not {channels}-channel Wan video latents "
-                             "([C, T, H, W] or [B, C, T, H, W])")
-        if latent_shape is not None and tuple(latent_shape)[-4:] != shape[-4:]:
-            raise ValueError(f"donor latents {shape} and the latent being sampled {tuple(latent_shape)} differ in "
-                             "shape: Wan Cache Attention needs the same resolution and frame count (token "
-                             "positions are shared through RoPE)")
+        check_video_donors(run, self.latent_channels(), "Wan", latent_shape)
