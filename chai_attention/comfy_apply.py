@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -152,8 +152,12 @@ def check_before_switch(plan: RequestPlan, switch: int, boundary: float) -> None
 
 def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, schedule: Schedule,
                sampler_name: str, scheduler: str, hit: CacheHit | None = None, fingerprint: str | None = None,
-               boundary: float = 0.875, two_experts: bool = False) -> tuple[Any, AppliedRun]:
+               boundary: float = 0.875, two_experts: bool = False,
+               conditionings: Sequence[Any] = ()) -> tuple[Any, AppliedRun]:
     """(the patched MODEL clone, its AppliedRun). `fingerprint` defaults to the MODEL's own (comfy_glue).
+
+    conditionings: the CONDITIONING lists the sampler gets that CHAI Apply was given (its `positive`), for the
+    adapter's refusals before sampling (`ModelAdapter.check_request`).
 
     two_experts: `model` is the high-noise expert of a pair that switches below sigma `boundary` (Wan 2.2 A14B)
     and only it is patched, so every cache step (hit) or captured step (miss) must lie before the switch.
@@ -164,6 +168,7 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
 
     check_sampler_name(sampler_name)
     adapter = get_adapter(model)  # an unsupported model fails here, naming the supported ones
+    adapter.check_request(latent, conditionings)  # and a request it refuses (image-to-video on a T2V adapter)
     fingerprint = fingerprint or comfy_model_fingerprint(model)
     shape = latent_shape(model, latent)
     plan = plan_request(hit, fingerprint=fingerprint, shape=shape, config=config, adapter=adapter,
@@ -174,7 +179,7 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
         adapter.comfy_install(clone, run_key=RUN_KEY)
         clone.model_options.setdefault("transformer_options", {})[RUN_KEY] = plan.run
     else:
-        capture = ModelInputCapture(plan.capture, plan.sigmas, shape)
+        capture = ModelInputCapture(plan.capture, plan.sigmas, shape, getattr(adapter, "check_call", None))
         clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY, capture)
     switch = switch_step(plan.sigmas, boundary)
     if two_experts:

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -265,13 +265,16 @@ class ModelInputCapture(DonorCapture):
     latent, not the previous step's corrector guess).
 
     It reads the model input rather than the sampler callback's x, which some samplers (uni_pc) keep in another
-    scaling. Latents are copied to the CPU in float32, cond chunk only.
+    scaling. Latents are copied to the CPU in float32, cond chunk only. `check` (the adapter's `check_call`) sees
+    every call's extra arguments first and may refuse the request (ValueError) before the model runs.
     """
 
-    def __init__(self, plan: CapturePlan, full_sigmas: Sequence[float], shape: Sequence[int]) -> None:
+    def __init__(self, plan: CapturePlan, full_sigmas: Sequence[float], shape: Sequence[int],
+                 check: Callable[[Mapping[str, Any]], None] | None = None) -> None:
         super().__init__(plan, device="cpu")
         self.full_sigmas = tuple(float(s) for s in full_sigmas)
         self.shape = tuple(shape)
+        self.check = check
 
     def observe(self, step: int, x: Tensor, sigma: float) -> None:
         """Record x for a planned step, replacing an earlier evaluation at the same sigma."""
@@ -290,6 +293,8 @@ class ModelInputCapture(DonorCapture):
 
     def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
         """APPLY_MODEL wrapper: (x, t, c_concat, c_crossattn, control, transformer_options, ...)."""
+        if self.check is not None:
+            self.check(kwargs)
         x, t = args[0], args[1]
         options = args[5] if len(args) > 5 else kwargs.get("transformer_options") or {}
         step = match_step(first_value(t), self.full_sigmas)
@@ -350,15 +355,17 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
     comfy.model_management.throw_exception_if_processing_interrupted()
     check_sampler_name(sampler_name)
     adapter = get_adapter(model)  # an unsupported model fails here, before any sampling, naming the supported ones
+    adapter.check_request(latent, (positive, negative))  # and a request the adapter refuses (image-to-video)
     if model_2 is not None:
-        get_adapter(model_2)
+        get_adapter(model_2).check_request(latent, (positive, negative))
     fingerprint = request_fingerprint(model, model_2, conditioning_digest(positive, latent))
     samples = prepared_latent(model, latent)
     shape = tuple(samples.shape)
     plan = plan_request(hit, fingerprint=fingerprint, shape=shape, config=config, adapter=adapter,
                         schedule=schedule, run_cls=SharedRun)
     run, report = plan.run, plan.report
-    capture = ModelInputCapture(plan.capture, plan.sigmas, shape) if plan.capture is not None else None
+    capture = (ModelInputCapture(plan.capture, plan.sigmas, shape, getattr(adapter, "check_call", None))
+               if plan.capture is not None else None)
 
     noise = comfy.sample.prepare_noise(samples, seed, latent.get("batch_index"))
     stages = []

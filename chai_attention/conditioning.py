@@ -46,6 +46,17 @@ def _feed(value: Any, h: "hashlib._Hash", depth: int = 0) -> None:
         _feed(fields, h, depth + 1)
 
 
+def conditioning_keys(conditionings: Sequence[Any], keys: Sequence[str]) -> list[str]:
+    """Which of `keys` some entry of the CONDITIONING lists sets (to anything but None)."""
+    found: list[str] = []
+    for conditioning in conditionings:
+        for entry in conditioning or ():
+            options = entry[1] if isinstance(entry, (list, tuple)) and len(entry) > 1 else None
+            if isinstance(options, Mapping):
+                found += [k for k in keys if options.get(k) is not None and k not in found]
+    return found
+
+
 def conditioning_digest(positive: Sequence[Any] | None, latent: Mapping[str, Any] | None = None) -> str | None:
     """'image:<16 hex>' over the image conditioning of `positive` (a CONDITIONING list) and an inpainting-style
     latent (samples plus noise_mask); None when the request has no image conditioning (text-to-video)."""
@@ -69,4 +80,4 @@ def conditioning_digest(positive: Sequence[Any] | None, latent: Mapping[str, Any
     return f"image:{h.hexdigest()[:16]}" if found else None
 
 
-__all__ = ["IMAGE_KEYS", "conditioning_digest"]
+__all__ = ["IMAGE_KEYS", "conditioning_keys", "conditioning_digest"]

@@ -127,6 +127,15 @@ class HookAdapter:
             raise ValueError("the donor latent's tokens have other positions than the live latent's: Cache "
                              f"Attention needs the donor latent to have {self.shape_hint}")
 
+    def check_call(self, extra: Mapping[str, Any]) -> None:
+        """ValueError when a model call of a Cache Attention run is one this adapter refuses, told by the call's
+        extra arguments (APPLY_MODEL keyword arguments: the model's extra conds, e.g. a reference latent).
+
+        Checked at every model evaluation of a CHAI request (by CacheAttentionWrapper on a hit, by the donor capture
+        on a miss) before the model runs; `ModelAdapter.check_request` refuses what the nodes' inputs already show,
+        before sampling. Default: every call is accepted.
+        """
+
     def comfy_install(self, patcher: Any, run_key: str = RUN_KEY) -> None:
         """Install on a ModelPatcher clone (see `install`); per-run state travels in transformer_options[run_key]."""
         install(patcher, self, run_key)
@@ -253,6 +262,7 @@ class CacheAttentionWrapper:
         run = options.get(self.run_key)
         if not isinstance(run, CacheAttentionRun):
             return executor(*args, **kwargs)
+        self.adapter.check_call(kwargs)
         x, t = args[0], args[1]
         sigma = first_value(t)
         plan = run.plan_for(sigma) if sigma is not None else None

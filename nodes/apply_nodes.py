@@ -39,9 +39,9 @@ class Apply(io.ComfyNode):
                         "(SamplerCustomAdvanced) or its steps (KSampler / KSamplerAdvanced, same sampler and "
                         "scheduler as here); put CHAI Apply Trace after the sampler, then CHAI Cache Write.",
             inputs=[
-                io.Model.Input("model", tooltip="The video model the sampler uses (OpenSora 1.2 STDiT3 or Wan 2.1/"
-                                                "2.2; for Wan 2.2 A14B the high-noise expert). Same MODEL as the "
-                                                "lookup's."),
+                io.Model.Input("model", tooltip="The video model the sampler uses (OpenSora 1.2 STDiT3, Wan 2.1/"
+                                                "2.2, HunyuanVideo or LTX-Video; for Wan 2.2 A14B the high-noise "
+                                                "expert). Same MODEL as the lookup's."),
                 io.Latent.Input("latent", tooltip="The latent the sampler starts from (same as the lookup's)."),
                 combo("sampler_name", options=SAMPLERS, default="euler",
                       tooltip="The sampler your sampler node uses (KSamplerSelect or KSampler's): the schedule "
@@ -74,7 +74,8 @@ class Apply(io.ComfyNode):
                 io.Conditioning.Input("positive", optional=True,
                                       tooltip="Image-to-video: the positive conditioning your sampler gets (it "
                                               "holds the start image; connect it to the lookup too): a donor must "
-                                              "come from the same image(s)."),
+                                              "come from the same image(s). With it, HunyuanVideo image-to-video "
+                                              "(not supported) is refused before sampling."),
             ],
             outputs=[
                 io.Model.Output("patched_model", display_name="MODEL",
@@ -127,7 +128,7 @@ class Apply(io.ComfyNode):
             fingerprint = request_fingerprint(model, model_2, conditioning_digest(positive, latent))
             patched, applied = chai_apply(model, latent, config=config, schedule=schedule, sampler_name=sampler_name,
                                           scheduler=scheduler, hit=hit, fingerprint=fingerprint, boundary=boundary,
-                                          two_experts=model_2 is not None)
+                                          two_experts=model_2 is not None, conditionings=(positive,))
         report = apply_report(applied)
         status = f"{'HIT' if applied.plan.run is not None else 'MISS'} · {applied.steps} steps"
         return io.NodeOutput(patched, applied.sigmas(), applied.steps, applied.switch_step, applied, report,

@@ -208,6 +208,21 @@ def test_model_input_capture_reports_what_it_never_saw():
         capture.donors()
 
 
+def test_model_input_capture_lets_the_adapter_refuse_a_call_before_the_model_runs():
+    def check(extra):
+        if extra.get("guiding_frame_index") is not None:
+            raise ValueError("image-to-video")
+
+    capture = ModelInputCapture(capture_plan(FULL_SIGMAS, FAST_SIGMAS, (2, 3, 4)), FULL_SIGMAS, SHAPE, check)
+    executor = _Executor()
+    with pytest.raises(ValueError, match="image-to-video"):
+        capture(executor, torch.zeros(SHAPE), torch.full((1,), 0.8), None, None, None, {"cond_or_uncond": [0]},
+                guiding_frame_index=0)
+    assert executor.calls == 0 and "steps 3, 5, 7" in capture.problem()  # nothing ran, nothing was kept
+    capture(executor, torch.zeros(SHAPE), torch.full((1,), 0.8), None, None, None, {"cond_or_uncond": [0]})
+    assert executor.calls == 1 and "steps 5, 7" in capture.problem()
+
+
 def test_shared_run_is_shared_by_copies_of_the_model_options():
     run = SharedRun(ChaiConfig(), FAST_SIGMAS, _donors())
     options = {"transformer_options": {"chai_run": run, "other": [1]}}

@@ -219,6 +219,33 @@ def test_a_donor_of_another_shape_is_refused_before_the_model_runs(setup):
     assert net.forward_t == [] and run.firings == []
 
 
+class RefusingAdapter(Adapter):
+    """Refuses model calls that carry a reference latent (as HunyuanVideo's adapter does)."""
+
+    def check_call(self, extra):
+        if extra.get("ref_latent") is not None:
+            raise ValueError("image-to-video call refused")
+
+
+def test_a_call_the_adapter_refuses_fails_before_the_model_runs_and_only_under_a_chai_run(setup):
+    patcher, x, donor, cond, _ = setup
+    seen = []
+
+    def executor(*args, **kwargs):
+        seen.append(sorted(kwargs))
+        return args[0]
+
+    wrapper = hooks.CacheAttentionWrapper(RefusingAdapter())
+    t = torch.full((1,), float(SIGMAS[0]))  # not even a cache step: the first evaluation of the run refuses
+    run = make_run(donor)
+    with pytest.raises(ValueError, match="image-to-video"):
+        wrapper(executor, x, t, None, cond, None, {"chai_run": run, "cond_or_uncond": [0]}, ref_latent=x)
+    assert seen == [] and run.firings == []
+    wrapper(executor, x, t, None, cond, None, {"chai_run": run, "cond_or_uncond": [0]}, ref_latent=None)
+    wrapper(executor, x, t, None, cond, None, {"cond_or_uncond": [0]}, ref_latent=x)  # no CHAI run: not ours
+    assert seen == [["ref_latent"], ["ref_latent"]]
+
+
 def test_final_clean_donors_are_modulated_at_the_donors_own_sigma(setup):
     patcher, x, donor, cond, _ = setup
     net = patcher.model.diffusion_model

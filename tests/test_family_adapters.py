@@ -146,3 +146,38 @@ def test_image_to_video_calls_and_moved_tokens_are_refused():
     ltxv.check_donor(donor, {"pe": cos_sin, "vec": torch.zeros(2, 1, 48)})
     with pytest.raises(ValueError, match="own timesteps .*LTXVImgToVideo"):
         ltxv.check_donor(donor, {"pe": cos_sin, "vec": torch.zeros(2, IMG, 48)})
+
+
+def text_conditioning(**extra: Any) -> list:
+    """A CONDITIONING list [[features, options]] as ComfyUI's text encoders give it."""
+    return [[torch.zeros(1, TXT, 8), {"pooled_output": torch.zeros(1, 8), **extra}]]
+
+
+def test_image_to_video_requests_are_refused_before_sampling_from_the_latent_and_the_conditioning():
+    latent = {"samples": torch.zeros(1, 16, 3, 4, 4)}
+    hv = HunyuanVideoAdapter(hunyuan_like())
+    hv.check_request(latent, (text_conditioning(guidance=6.0), text_conditioning()))
+    hv.check_request({**latent, "noise_mask": torch.ones(1, 1, 3, 4, 4)}, (None,))  # a plain mask: not i2v
+    with pytest.raises(ValueError, match="image-to-video .*guiding frame.*'v2 \\(replace\\)'"):
+        hv.check_request(latent, (text_conditioning(guiding_frame_index=0), text_conditioning()))
+    with pytest.raises(ValueError, match="image-to-video .*reference image latent.*'custom'"):
+        hv.check_request(latent, (text_conditioning(ref_latent=torch.zeros(1, 16, 1, 4, 4)),))
+    ltxv = LTXVAdapter(ltxv_like())
+    ltxv_latent = {"samples": torch.zeros(1, 128, 3, 4, 4)}
+    ltxv.check_request(ltxv_latent, (text_conditioning(frame_rate=25.0, keyframe_idxs=None),))  # guides cropped
+    with pytest.raises(ValueError, match="noise mask on the latent .*LTXVImgToVideo"):
+        ltxv.check_request({**ltxv_latent, "noise_mask": torch.ones(1, 1, 3, 4, 4)}, ())
+    with pytest.raises(ValueError, match="guide frames \\(keyframe_idxs\\)"):
+        ltxv.check_request(ltxv_latent, (text_conditioning(keyframe_idxs=torch.zeros(1, 3, 1, 2)),))
+
+
+def test_image_to_video_model_calls_are_refused_by_their_extra_arguments():
+    hv, ltxv = HunyuanVideoAdapter(hunyuan_like()), LTXVAdapter(ltxv_like())
+    hv.check_call({"guidance": torch.ones(1), "ref_latent": None})
+    ltxv.check_call({"frame_rate": 25.0, "attention_mask": torch.ones(1, TXT)})
+    with pytest.raises(ValueError, match="reference image latent"):
+        hv.check_call({"ref_latent": torch.zeros(1, 16, 1, 4, 4)})
+    with pytest.raises(ValueError, match="guiding frame"):
+        hv.check_call({"guiding_frame_index": torch.zeros(1)})
+    with pytest.raises(ValueError, match="a denoise mask .*text-to-video only"):
+        ltxv.check_call({"denoise_mask": torch.ones(1, 1, 3, 4, 4)})

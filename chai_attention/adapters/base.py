@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from torch import nn
 
@@ -61,6 +61,10 @@ class ModelAdapter(ABC):
 
     def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
         """Raise ValueError when the run's donors cannot serve this model on a latent of `latent_shape`."""
+
+    def check_request(self, latent: Mapping[str, Any] | None, conditionings: Sequence[Any] = ()) -> None:
+        """Raise ValueError, before any sampling, when a request this adapter refuses shows in its LATENT or its
+        CONDITIONING lists (e.g. an image-to-video request on a text-to-video adapter)."""
 
     def attn_replace(self, run: CacheAttentionRun, cond_or_uncond: Sequence[int] = BATCHED_CFG,
                      sigma: float | None = None) -> dict[Any, Callable[..., Any]]:

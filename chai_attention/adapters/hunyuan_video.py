@@ -15,12 +15,24 @@ import torch
 from torch import Tensor, nn
 
 from ..attention_call import AttentionCall, DonorKV
+from ..conditioning import conditioning_keys
 from ..hooks import HookAdapter
 from ..run import CacheAttentionRun
 from .base import ModelAdapter, UnsupportedModelError
 from .video_latents import check_video_donors, has_modules, tokens_of
 
 SUPPORTED_TEXT = "HunyuanVideo T2V (ComfyUI's native HunyuanVideo, 16-channel latent, CLIP-L + LLaVA-Llama-3 text)"
+# Conditioning entries (and so model-call extra arguments) with which HunyuanImageToVideo makes the T2V model animate
+# an image: the donor's video was not made from that image.
+IMAGE_TO_VIDEO = {"guiding_frame_index": "a guiding frame: HunyuanImageToVideo 'v2 (replace)'",
+                  "ref_latent": "a reference image latent: HunyuanImageToVideo 'custom'"}
+
+
+def refuse_image_to_video(keys: Sequence[str]) -> None:
+    """ValueError naming why, when any image-to-video key is set."""
+    if keys:
+        raise ValueError(f"this HunyuanVideo request is image-to-video ({'; '.join(IMAGE_TO_VIDEO[k] for k in keys)})"
+                         "; CHAI Cache Attention supports HunyuanVideo text-to-video only")
 
 
 class HunyuanVideoAdapter(HookAdapter, ModelAdapter):
@@ -81,6 +93,14 @@ class HunyuanVideoAdapter(HookAdapter, ModelAdapter):
     def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
         """Donors must be 16-channel latents of the sampled latent's shape."""
         check_video_donors(run, int(self.model.in_channels), "HunyuanVideo", latent_shape)
+
+    def check_request(self, latent: Mapping[str, Any] | None, conditionings: Sequence[Any] = ()) -> None:
+        """Refuse HunyuanImageToVideo's guiding frame or reference latent before sampling."""
+        refuse_image_to_video(conditioning_keys(conditionings, tuple(IMAGE_TO_VIDEO)))
+
+    def check_call(self, extra: Mapping[str, Any]) -> None:
+        """The same, from a model call's extra arguments (a CHAI Apply whose positive was not connected)."""
+        refuse_image_to_video([k for k in IMAGE_TO_VIDEO if extra.get(k) is not None])
 
     # --------------------------------------------------------------------------------------- the live call
 

@@ -12,10 +12,24 @@ from typing import Any, ClassVar, Mapping, Sequence
 from torch import Tensor, nn
 
 from ..attention_call import DonorKV
+from ..conditioning import conditioning_keys
 from ..hooks import HookAdapter
 from ..run import CacheAttentionRun
 from .base import ModelAdapter
 from .video_latents import check_video_donors, has_modules
+
+PER_TOKEN_TIMESTEPS = ("image-to-video or guide frames: LTXVImgToVideo, LTXVAddGuide; LTXV then gives each token its "
+                       "own timestep and the donor's frames are not the request's image")
+# Model-call extra arguments (from the LATENT's noise mask and the conditioning) that give tokens their own timesteps.
+CALL_KEYS = {"denoise_mask": "a denoise mask", "keyframe_idxs": "guide frames (keyframe_idxs)"}
+CONDITIONING_KEYS = {"keyframe_idxs": "guide frames (keyframe_idxs)", "concat_mask": "a denoise mask (concat_mask)"}
+
+
+def refuse_per_token_timesteps(found: Sequence[str]) -> None:
+    """ValueError naming what was found, when anything was."""
+    if found:
+        raise ValueError(f"this LTXV request has {', '.join(found)} ({PER_TOKEN_TIMESTEPS}); CHAI Cache Attention "
+                         "supports LTXV text-to-video only")
 
 
 class LTXVAdapter(HookAdapter, ModelAdapter):
@@ -55,10 +69,20 @@ class LTXVAdapter(HookAdapter, ModelAdapter):
         """Donors must be 128-channel latents of the sampled latent's shape."""
         check_video_donors(run, self.latent_channels(), "LTXV", latent_shape)
 
+    def check_request(self, latent: Mapping[str, Any] | None, conditionings: Sequence[Any] = ()) -> None:
+        """Refuse, before sampling, a noise mask on the LATENT or guide frames / a mask in the conditioning."""
+        found = ["a noise mask on the latent"] if (latent or {}).get("noise_mask") is not None else []
+        found += [CONDITIONING_KEYS[k] for k in conditioning_keys(conditionings, tuple(CONDITIONING_KEYS))]
+        refuse_per_token_timesteps(found)
+
+    def check_call(self, extra: Mapping[str, Any]) -> None:
+        """The same, from a model call's extra arguments."""
+        refuse_per_token_timesteps([what for k, what in CALL_KEYS.items() if extra.get(k) is not None])
+
     def check_donor(self, donor: DonorKV, live_block_args: Mapping[str, Any]) -> None:
         """Same token positions (the block's RoPE table); no per-token timesteps (image-to-video, guides)."""
         vec = live_block_args.get("vec")
         if isinstance(vec, Tensor) and vec.dim() == 3 and vec.shape[1] > 1:
-            raise ValueError("this LTXV call gives its tokens their own timesteps (image-to-video or guide frames: "
-                             "LTXVImgToVideo, LTXVAddGuide); CHAI Cache Attention supports LTXV text-to-video only")
+            raise ValueError(f"this LTXV call gives its tokens their own timesteps ({PER_TOKEN_TIMESTEPS}); CHAI "
+                             "Cache Attention supports LTXV text-to-video only")
         super().check_donor(donor, live_block_args)

