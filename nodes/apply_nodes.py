@@ -14,7 +14,7 @@ from comfy_api.latest import io
 
 from .canvas import show
 from .chai_nodes import (APPLY_TO, CATEGORY, CHAI_HIT, CHAI_TRACE, KV_MODES, MAX_STEPS, OPENSORA_SCHEDULER, SAMPLERS,
-                         SCHEDULERS, WAN22_BOUNDARY, opensora_schedule)
+                         SCHEDULERS, WAN22_BOUNDARY, opensora_schedule, validate_steps)
 from .errors import user_errors
 from .widgets import combo
 
@@ -95,14 +95,8 @@ class Apply(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, cache_steps: str | None = None, fast_steps: int | None = None) -> bool | str:
-        """Reject cache steps that do not parse or lie outside the fast schedule before anything runs."""
-        from ..chai_attention.config import check_cache_steps
-
-        try:
-            check_cache_steps(cache_steps, MAX_STEPS if fast_steps is None else fast_steps)
-        except ValueError as exc:
-            return str(exc)
-        return True
+        """Reject fast_steps out of range and cache steps that do not parse or lie outside the fast schedule."""
+        return validate_steps(cache_steps, fast_steps)
 
     @classmethod
     def execute(cls, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,

@@ -198,6 +198,23 @@ class CacheLookup(io.ComfyNode):
         return io.NodeOutput(hit, report, ui=show(lookup_status(hit), report))
 
 
+def validate_steps(cache_steps: str | None, fast_steps: int | None) -> bool | str:
+    """validate_inputs of the nodes with fast_steps and cache_steps: True, or what is wrong.
+
+    Combo inputs need no check here: ComfyUI validates them against their option lists. fast_steps is checked here
+    because ComfyUI skips the min/max check of every input a validate_inputs reads.
+    """
+    from ..chai_attention.config import check_cache_steps
+
+    if fast_steps is not None and not 1 <= fast_steps <= MAX_STEPS:
+        return f"fast_steps must be 1..{MAX_STEPS}, got {fast_steps}"
+    try:
+        check_cache_steps(cache_steps, MAX_STEPS if fast_steps is None else fast_steps)
+    except ValueError as exc:
+        return str(exc)
+    return True
+
+
 def format_lookup(hit: Any) -> str:
     """The lookup node's report."""
     lines = [f"CHAI lookup: {'HIT' if hit.hit else 'miss'}", f"entities: {', '.join(hit.entities) or '(none)'}",
@@ -285,20 +302,8 @@ class Sampler(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, cache_steps: str | None = None, fast_steps: int | None = None) -> bool | str:
-        """Reject cache steps that do not parse or lie outside the fast schedule before anything runs.
-
-        Combo inputs need no check here: ComfyUI validates them against their option lists. fast_steps is
-        checked here because ComfyUI skips the min/max check of every input a validate_inputs reads.
-        """
-        from ..chai_attention.config import check_cache_steps
-
-        if fast_steps is not None and not 1 <= fast_steps <= MAX_STEPS:
-            return f"fast_steps must be 1..{MAX_STEPS}, got {fast_steps}"
-        try:
-            check_cache_steps(cache_steps, MAX_STEPS if fast_steps is None else fast_steps)
-        except ValueError as exc:
-            return str(exc)
-        return True
+        """Reject cache steps that do not parse or lie outside the fast schedule before anything runs."""
+        return validate_steps(cache_steps, fast_steps)
 
     @classmethod
     def execute(cls, model: Any, positive: Any, negative: Any, latent: dict, seed: int, cfg: float,

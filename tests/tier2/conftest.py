@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import logging
 import os
 import socket
@@ -258,6 +259,9 @@ def comfy_server(tmp_path_factory: pytest.TempPathFactory) -> ComfyServer:
     base = tmp_path_factory.mktemp("comfy_server")
     (base / "custom_nodes").mkdir()
     (base / "custom_nodes" / PACK_DIR_NAME).symlink_to(REPO, target_is_directory=True)
+    # Not a new user: the frontend then opens the default graph instead of a blank tab plus the template browser.
+    (base / "user" / "default").mkdir(parents=True)
+    (base / "user" / "default" / "comfy.settings.json").write_text(json.dumps({"Comfy.TutorialCompleted": True}))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -66,10 +66,17 @@ def _status(page, node_id: int) -> str:
                          "'$$node-text-preview')?.value ?? ''", node_id)
 
 
+def _ready(page, url: str) -> None:
+    """Open the frontend and wait until its start-up has opened a workflow tab: a graph loaded before that would
+    land in a tab the start-up then replaces (a new user gets a blank workflow and the template browser)."""
+    page.goto(url)
+    page.wait_for_function("() => window.app?.graph && window.app.extensionManager?.workflow?.activeWorkflow",
+                           timeout=TIMEOUT_S * 1000)
+
+
 def _open(browser, url: str, workflow: dict):
     page = browser.new_page(viewport={"width": 1600, "height": 1000})
-    page.goto(url)
-    page.wait_for_function("() => window.app?.graph && window.app.extensionManager", timeout=TIMEOUT_S * 1000)
+    _ready(page, url)
     page.evaluate("(wf) => app.loadGraphData(wf)", workflow)
     return page
 
@@ -167,51 +174,31 @@ def test_the_frontend_shows_each_report_and_status_on_its_node_and_marks_cached_
             browser.close()
 
 
-def test_every_shipped_workflow_loads_with_every_node_resolved_and_converts_to_its_api_twin(server):
-    """The stock frontend loads each workflows/*.json with all node types known, and its own UI -> API conversion
+def test_every_shipped_workflow_loads_with_every_node_resolved_and_converts_to_its_api_twin(comfy_server):
+    """The stock frontend loads each workflows/*.json with every node on the canvas and of a registered type (the
+    pack's, the core's or the frontend's own, such as MarkdownNote), and its own UI -> API conversion
     (app.graphToPrompt, what queueing sends) equals the twin the other tests validate and run."""
-    url, _ = server
+    load = ("async (wf) => { await app.loadGraphData(wf); return app.graph.nodes.map((n) => "
+            "[n.id, n.type, !!LiteGraph.registered_node_types[n.type]]); }")
     with playwright_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         try:
             page = browser.new_page()
-            page.goto(url)
-            page.wait_for_function("() => window.app?.graph && window.app.extensionManager", timeout=TIMEOUT_S * 1000)
+            _ready(page, comfy_server.url)
             known = set(page.evaluate("async () => Object.keys(await (await fetch('/object_info')).json())"))
             for key, title in TEMPLATE_FILES.items():
                 workflow = json.loads((REPO / "workflows" / f"{title}.json").read_text())
                 twin = json.loads((REPO / "tests" / "workflows" / f"{key}_api.json").read_text())
                 assert {n["type"] for n in workflow["nodes"]} - known <= {"MarkdownNote"}, key
-                page.evaluate("(wf) => app.loadGraphData(wf)", workflow)
-                loaded = page.evaluate("() => app.graph.nodes.map((n) => n.type)")
-                assert sorted(loaded) == sorted(n["type"] for n in workflow["nodes"]), key
+                loaded = page.evaluate(load, workflow)
+                assert sorted((i, t) for i, t, _ in loaded) == sorted((n["id"], n["type"]) for n in workflow["nodes"])
+                assert [t for _, t, registered in loaded if not registered] == [], key
                 prompt = page.evaluate("async () => (await app.graphToPrompt()).output")
                 got = {k: (v["class_type"], v["inputs"]) for k, v in prompt.items()}
                 want = {k: (v["class_type"], v["inputs"]) for k, v in twin.items()}
                 assert got == want, key
-        finally:
-            browser.close()
-
-
-def test_every_shipped_workflow_loads_in_the_frontend_with_every_node_resolved(server):
-    """Each workflows/*.json loaded into the stock frontend: every node is on the canvas and its type is a
-    registered node (the pack's, the core's or the frontend's own, such as MarkdownNote)."""
-    url, _ = server
-    script = ("async (wf) => { await app.loadGraphData(wf); return app.graph.nodes.map((n) => "
-              "[n.id, n.type, !!LiteGraph.registered_node_types[n.type]]); }")
-    with playwright_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        try:
-            page = browser.new_page()
-            page.goto(url)
-            page.wait_for_function("() => window.app?.graph && window.app.extensionManager", timeout=TIMEOUT_S * 1000)
-            for name, title in TEMPLATE_FILES.items():
-                workflow = json.loads((REPO / "workflows" / f"{title}.json").read_text())
-                loaded = page.evaluate(script, workflow)
-                assert sorted((i, t) for i, t, _ in loaded) == sorted((n["id"], n["type"]) for n in workflow["nodes"])
-                assert [t for _, t, registered in loaded if not registered] == [], name
             # The check can fail: a node type nobody registered is reported.
             workflow["nodes"][-1]["type"] = "CHAI_NoSuchNode"
-            assert [t for _, t, registered in page.evaluate(script, workflow) if not registered] == ["CHAI_NoSuchNode"]
+            assert [t for _, t, registered in page.evaluate(load, workflow) if not registered] == ["CHAI_NoSuchNode"]
         finally:
             browser.close()

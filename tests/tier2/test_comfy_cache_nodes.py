@@ -186,7 +186,8 @@ def test_no_validate_inputs_reads_a_combo_or_a_bounded_number_it_does_not_check(
 
     from comfy_api.internal import first_real_override
 
-    checked_here = {("CHAI_Sampler", "fast_steps"), ("CHAI_Sampler", "cache_steps"), ("CHAI_CacheOpen", "name")}
+    checked_here = {("CHAI_Sampler", "fast_steps"), ("CHAI_Sampler", "cache_steps"), ("CHAI_Apply", "fast_steps"),
+                    ("CHAI_Apply", "cache_steps"), ("CHAI_CacheOpen", "name")}
     read = set()
     for node_id, cls in comfy.nodes.NODE_CLASS_MAPPINGS.items():
         validate = first_real_override(cls, "validate_inputs") if node_id.startswith("CHAI_") else None

@@ -171,6 +171,19 @@ def test_apply_nodes_appear_with_tooltips_and_their_sockets(comfy, env):
     assert list(trace.INPUT_TYPES()["required"]) == ["chai", "samples"]
 
 
+@pytest.mark.parametrize("fast, cache_steps, message", [(0, "2", "fast_steps must be 1..1000, got 0"),
+                                                         (5000, "2", "fast_steps must be 1..1000, got 5000"),
+                                                         (8, "2,9", "cache steps [9] lie beyond the 8 fast steps")])
+def test_fast_steps_out_of_range_and_late_cache_steps_are_refused_before_running(comfy, env, fast, cache_steps,
+                                                                               message):
+    # ComfyUI skips the min/max check of an input that validate_inputs reads, so CHAI Apply checks fast_steps too.
+    graph = ksampler_advanced(base_graph("t2-apply-bad", DOG_BEACH, "bad"))
+    graph["apply"]["inputs"].update(fast_steps=fast, cache_steps=cache_steps)
+    result = comfy.run(graph)
+    errors = result.node_errors["apply"]["errors"]
+    assert not result.valid and errors and all(message in e["details"] for e in errors), errors
+
+
 def test_ksampler_advanced_miss_then_hit(comfy, env):
     miss, hit = miss_then_hit(comfy, ksampler_advanced, "t2-apply-ksa", "ksa")
     assert miss["steps"] == 30 and miss["trace"].mode == "full" and len(miss["trace"].donors) == 3
