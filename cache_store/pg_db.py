@@ -31,13 +31,19 @@ def driver() -> Any:
 def _advice(text: str) -> tuple[str, bool]:
     """What to do about a connection failure, and whether it may pass by itself (a server restarting)."""
     low = text.lower()
-    if "password" in low or "authentication" in low or "role" in low and "does not exist" in low:
+    if "ssl" in low or "certificate" in low or "encryption" in low:
+        return ("check the TLS settings in the URL (sslmode, sslrootcert, sslcert, sslkey) against the server's",
+                False)
+    if "pg_hba" in low:
+        return ("the server's pg_hba.conf does not admit this user, host and database: ask its administrator",
+                False)
+    if "password" in low or "authentication" in low or ("role" in low and "does not exist" in low):
         return ("check the credentials: the password comes from the URL in CHAI_CACHE_URL / CHAI_CACHE_URL_FILE, "
                 "PGPASSWORD or ~/.pgpass", False)
-    if "ssl" in low or "certificate" in low or "invalid" in low and "value" in low:
-        return "check the TLS settings in the URL (sslmode, sslrootcert, sslcert, sslkey) against the server's", False
     if "does not exist" in low and "database" in low:
         return "create the database on the server (createdb) or fix the database name in the URL", False
+    if "invalid" in low:
+        return "fix the connection URL's options", False
     return "lookups are misses and nothing is stored until it is reachable again", True
 
 

@@ -19,6 +19,7 @@ from .errors import EmbedderMismatchError
 from .manifest import LOG_KEEP, shape_key
 from .validate import EntryRecord
 
+LOG_COMPACT_EVERY = 1000  # sequence numbers between two compactions of the change log (keeping LOG_KEEP rows)
 STATE_COLUMNS = ("budget_bytes", "policy", "embedder", "dim", "total_bytes", "generation", "index_epoch", "log_seq")
 
 
@@ -60,7 +61,7 @@ class State:
         cur.executemany("INSERT INTO index_log (seq, entity_id, op) VALUES (%s, %s, %s)",
                         [(first + i, int(eid), op) for i, (eid, op) in enumerate(ops)])
         before, self.log_seq = self.log_seq, self.log_seq + len(ops)
-        if self.log_seq // 1000 != before // 1000 and self.log_seq > LOG_KEEP:
+        if self.log_seq // LOG_COMPACT_EVERY != before // LOG_COMPACT_EVERY and self.log_seq > LOG_KEEP:
             # other workers that far behind rebuild their index instead of replaying
             cur.execute("DELETE FROM index_log WHERE seq <= %s", (self.log_seq - LOG_KEEP,))
 

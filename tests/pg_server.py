@@ -1,7 +1,9 @@
 """A throwaway PostgreSQL server for tests and benches: initdb + pg_ctl in a temporary folder, unix socket only.
 
 PostgreSQL refuses to run as root, so when this process is root the server runs as the `postgres` user (the
-Debian package creates it) through runuser, in a folder that user owns. Nothing listens on TCP. Two roles: the
+Debian package creates it) through runuser, in a folder that user owns. Nothing listens on TCP unless `tls=True`:
+then the server also listens on 127.0.0.1 (a free port) with a fresh self-signed certificate for "localhost", and
+accepts only TLS connections there (the CA to trust is `server.cert`). Two roles: the
 superuser `postgres` (trusted on the socket: the tests' admin connection) and `chai`, which must give a
 password (scram-sha-256), so credential handling is tested against real authentication.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +28,12 @@ CHAI_ROLE = "chai"
 CHAI_PASSWORD = "s3cret-Pa55word"  # only ever valid on this throwaway server
 DATABASE = "chai"
 PORT = 5432  # the socket file's name only; nothing listens on TCP (listen_addresses='')
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def find_binaries() -> Path | None:
@@ -49,6 +58,13 @@ class PgServer:
     bin_dir: Path
     base: Path      # temporary folder: data/ and the socket
     run_as: str | None
+    port: int = PORT
+    tls: bool = False
+
+    @property
+    def cert(self) -> Path:
+        """The server's self-signed certificate (tls=True): the root a client verifies against."""
+        return self.base / "server.crt"
 
     @property
     def data(self) -> Path:
@@ -59,7 +75,7 @@ class PgServer:
         return self.base
 
     @classmethod
-    def start(cls, bin_dir: Path | None = None) -> "PgServer":
+    def start(cls, bin_dir: Path | None = None, tls: bool = False) -> "PgServer":
         """initdb a fresh cluster in a new temporary folder and start it; RuntimeError with the log if it fails."""
         bin_dir = bin_dir or find_binaries()
         if bin_dir is None:
@@ -68,7 +84,7 @@ class PgServer:
         base = Path(tempfile.mkdtemp(prefix="chai-pg-"))
         if run_as:
             shutil.chown(base, run_as, run_as)
-        server = cls(bin_dir, base, run_as)
+        server = cls(bin_dir, base, run_as, _free_port() if tls else PORT, tls)
         pwfile = base / "pw"
         pwfile.write_text("postgres-unused\n")
         if run_as:
@@ -76,17 +92,34 @@ class PgServer:
         server._run("initdb", "-D", str(server.data), "-U", "postgres", "--auth-local=trust",
                     "--auth-host=reject", "-E", "UTF8", "--locale=C", "--pwfile", str(pwfile))
         pwfile.unlink()
+        listen = "127.0.0.1" if tls else ""
         with open(server.data / "postgresql.conf", "a") as conf:
-            conf.write(f"\nlisten_addresses = ''\nunix_socket_directories = '{base}'\nport = {PORT}\n"
-                       "fsync = on\nmax_connections = 100\nshared_buffers = 64MB\n"
+            conf.write(f"\nlisten_addresses = '{listen}'\nunix_socket_directories = '{base}'\n"
+                       f"port = {server.port}\nfsync = on\nmax_connections = 100\nshared_buffers = 64MB\n"
                        "password_encryption = 'scram-sha-256'\n")
-        # the chai role authenticates with a password; the superuser is trusted on the socket
+            if tls:
+                server._make_certificate()
+                conf.write(f"ssl = on\nssl_cert_file = '{server.cert}'\nssl_key_file = '{base / 'server.key'}'\n")
+        # the chai role authenticates with a password; the superuser is trusted on the socket; TCP needs TLS
         (server.data / "pg_hba.conf").write_text(
-            f"local all {CHAI_ROLE} scram-sha-256\nlocal all all trust\n")
+            f"local all {CHAI_ROLE} scram-sha-256\nlocal all all trust\n"
+            f"hostssl all {CHAI_ROLE} 127.0.0.1/32 scram-sha-256\nhostnossl all all 127.0.0.1/32 reject\n")
         server._pg_ctl_start()
         server.admin_sql(f"CREATE ROLE {CHAI_ROLE} LOGIN PASSWORD '{CHAI_PASSWORD}'")
         server.admin_sql(f"CREATE DATABASE {DATABASE} OWNER {CHAI_ROLE}")
         return server
+
+    def _make_certificate(self) -> None:
+        key = self.base / "server.key"
+        done = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                               "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                               "-keyout", str(key), "-out", str(self.cert)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"openssl could not make a certificate: {done.stderr[-1000:]}")
+        key.chmod(0o600)
+        if self.run_as:
+            shutil.chown(key, self.run_as, self.run_as)
+            shutil.chown(self.cert, self.run_as, self.run_as)
 
     def _cmd(self, tool: str, *args: str) -> list[str]:
         cmd = [str(self.bin_dir / tool), *args]
@@ -107,13 +140,18 @@ class PgServer:
             **params: str) -> str:
         """A libpq URL over the socket; a password only when given (tests pass it through the environment)."""
         auth = quote(user) + (f":{quote(password, safe='')}" if password else "")
-        query = "&".join([f"host={quote(str(self.socket_dir), safe='')}", f"port={PORT}",
+        query = "&".join([f"host={quote(str(self.socket_dir), safe='')}", f"port={self.port}",
                           *(f"{k}={quote(v, safe='')}" for k, v in params.items())])
         return f"postgresql://{auth}@/{database}?{query}"
 
-    def admin_sql(self, sql: str) -> str:
+    def tcp_url(self, user: str = CHAI_ROLE, database: str = DATABASE, **params: str) -> str:
+        """A libpq URL to localhost over TCP (tls=True servers only), without a password."""
+        query = "&".join(f"{k}={quote(v, safe='')}" for k, v in params.items())
+        return f"postgresql://{quote(user)}@localhost:{self.port}/{database}" + (f"?{query}" if query else "")
+
+    def admin_sql(self, sql: str, database: str = "postgres") -> str:
         """Run SQL as the superuser through psql (no Python driver needed); its output."""
-        return self._run("psql", "-h", str(self.socket_dir), "-p", str(PORT), "-U", "postgres", "-d", "postgres",
+        return self._run("psql", "-h", str(self.socket_dir), "-p", str(self.port), "-U", "postgres", "-d", database,
                          "-v", "ON_ERROR_STOP=1", "-qAt", "-c", sql)
 
     def stop(self, mode: str = "fast") -> None:
