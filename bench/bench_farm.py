@@ -265,11 +265,14 @@ def report_latency(lat: dict, args) -> None:
     for n, (times, hits, errors, wall, seen) in lat["runs"].items():
         ops = len(times["lookup"]) + len(times["insert"])
         rows.append([n, f"{ms_pct(times['lookup'], 50):.2f}", f"{ms_pct(times['lookup'], 99):.2f}",
+                     f"{ms_pct(times['sync'], 50):.2f} / {ms_pct(times['search'], 50):.2f}",
+                     f"{ms_pct(times['search'], 99):.2f}",
                      f"{ms_pct(times['insert'], 50):.2f}", f"{ms_pct(times['insert'], 99):.2f}",
                      f"{hits / max(len(times['lookup']), 1):.0%}", f"{ops / wall:.0f}", f"{seen['max_ratio']:.4f}",
                      len(errors)])
-    print(table(["workers", "lookup p50 ms", "lookup p99 ms", "insert p50 ms", "insert p99 ms", "hits",
-                 "ops/s (all)", "max bytes/budget", "errors"], rows))
+    print(table(["workers", "lookup p50 ms", "lookup p99 ms", "of which catch-up / index search p50",
+                 "index search p99", "insert p50 ms", "insert p99 ms", "hits", "ops/s (all)", "max bytes/budget",
+                 "errors"], rows))
     p50, nbytes = lat["read_240p"]
     print(f"  reading one real-size 240p donor ({nbytes / 1e6:.2f} MB) back from the server: p50 {p50:.1f} ms")
 

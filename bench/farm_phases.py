@@ -134,7 +134,16 @@ def _latency_worker(store, seed: int, n_lookups: int, n_inserts: int, vectors: n
         rng = np.random.default_rng(seed)
         ops = ["lookup"] * n_lookups + ["insert"] * n_inserts
         random.Random(seed).shuffle(ops)
-        times: dict[str, list[float]] = {"lookup": [], "insert": []}
+        times: dict[str, list[float]] = {"lookup": [], "insert": [], "sync": [], "search": []}
+        keeper = store.keeper
+        for part, method in (("sync", keeper.sync), ("search", keeper.query)):  # time the local index's parts
+            def timed(*a, _method=method, _part=part, **k):
+                t = time.perf_counter()
+                try:
+                    return _method(*a, **k)
+                finally:
+                    times[_part].append(time.perf_counter() - t)
+            setattr(keeper, method.__name__, timed)
         hits = 0
         for j, op in enumerate(ops):
             if op == "lookup":
@@ -149,8 +158,10 @@ def _latency_worker(store, seed: int, n_lookups: int, n_inserts: int, vectors: n
                 picks = rng.integers(1, len(vectors) + 1, 2)
                 ee = make_entities([(f"ent{int(e)}", vectors[int(e) - 1]) for e in picks])
                 t = time.perf_counter()
+                n_sync = len(times["sync"])
                 store.insert(f"new {seed}-{j}", ee, fp, latents, sigmas)
                 times["insert"].append(time.perf_counter() - t)
+                del times["sync"][n_sync:]  # an insert's own catch-up is part of the insert
         results.put((seed, times, hits))
     except BaseException as exc:
         results.put((seed, f"{type(exc).__name__}: {exc}", 0))
@@ -167,7 +178,7 @@ def latency(store, n_workers: int, n_lookups: int, n_inserts: int, fill, make_en
                                                        latents, sigmas, results)) for k in range(n_workers)]
     for p in procs:
         p.start()
-    times: dict[str, list[float]] = {"lookup": [], "insert": []}
+    times: dict[str, list[float]] = {"lookup": [], "insert": [], "sync": [], "search": []}
     hits, errors = 0, []
     for _ in procs:
         _, got, h = results.get(timeout=1800)

@@ -47,6 +47,9 @@ def _advice(text: str) -> tuple[str, bool]:
     return "lookups are misses and nothing is stored until it is reachable again", True
 
 
+IDLE_IN_TRANSACTION = "60s"
+
+
 class PgDb:
     """A lazily (re)connected psycopg connection whose search_path is one cache's schema."""
 
@@ -103,6 +106,12 @@ class PgDb:
             try:
                 conn = pg.connect(self.server.connect_url(), autocommit=True, application_name="comfyui-chai")
                 conn.execute(pg.sql.SQL("SET search_path TO {}").format(pg.sql.Identifier(self.schema)))
+                # A worker machine that vanishes inside a transaction would hold the state lock until TCP gives
+                # up (hours): the server ends such a session after this long instead.
+                conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'")
+                # Single statements (a hit's recency update) commit without waiting for the server's disk; every
+                # write transaction turns the wait back on (write()), so what insert returns is durable.
+                conn.execute("SET synchronous_commit = off")
             except pg.Error as exc:
                 raise self._translate(exc) from None
             self._conn = conn
@@ -137,25 +146,30 @@ class PgDb:
             except pg.Error as exc:
                 raise self._translate(exc) from None
 
-    def write(self) -> contextlib.AbstractContextManager[Any]:
-        """A read-write transaction (after a ping, so a stale connection is replaced first)."""
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Any]:
+        """A durable read-write transaction (after a ping, so a stale connection is replaced first): its commit
+        returns once the server has it on disk."""
         self.ping()
-        return self.transaction()
+        with self.transaction() as cur:
+            cur.execute("SET LOCAL synchronous_commit = on")
+            yield cur
 
     def read(self) -> contextlib.AbstractContextManager[Any]:
         """A read-only snapshot transaction."""
         return self.transaction(readonly=True, snapshot=True)
 
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        """One statement (autocommit) with '?' placeholders, as the ranking writes them for SQLite too; retried
-        once on a fresh connection when the old one broke (a server restart since the last call)."""
+    def query(self, sql: str, params: Sequence[Any] = (), binary: bool = False) -> list[tuple]:
+        """One statement (autocommit, not waiting for the disk: reads and recency updates only) with '?'
+        placeholders, as the ranking writes them for SQLite too; retried once on a fresh connection when the old
+        one broke (a server restart since the last call)."""
         text = sql.replace("%", "%%").replace("?", "%s")
         pg = self.psycopg
         with self._lock:
             for attempt in (0, 1):
                 conn = self.connection()
                 try:
-                    return conn.execute(text, list(params)).fetchall()
+                    return conn.cursor(binary=binary).execute(text, list(params)).fetchall()
                 except (pg.OperationalError, pg.InterfaceError) as exc:
                     self._drop()
                     if attempt:

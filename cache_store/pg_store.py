@@ -191,10 +191,9 @@ class PgCacheStore:
 
     def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
         """An entry's tensors: checksum verified, finite, of the entry's shape and dtype."""
-        with self.db.transaction(readonly=True, binary=True) as cur:
-            cur.execute("SELECT b.data, e.checksum FROM blobs b JOIN entries e ON e.id = b.entry_id "
-                        "WHERE b.entry_id = %s", (entry.id,))
-            row = cur.fetchone()
+        rows = self.db.query("SELECT b.data, e.checksum FROM blobs b JOIN entries e ON e.id = b.entry_id "
+                             "WHERE b.entry_id = ?", (entry.id,), binary=True)
+        row = rows[0] if rows else None
         if row is None:
             raise CacheEntryError(f"cache entry {entry.id} has no latent bytes on the server (evicted meanwhile?)")
         tensors = lat.tensors_verified(bytes(row[0]), row[1], f"the latents of entry {entry.id}")
@@ -226,11 +225,9 @@ class PgCacheStore:
     def _touch(self, entry_id: int, count_hit: bool) -> tuple | None:
         # Recency is a hint, not a promise: this commit does not wait for the server's disk (a crash may forget
         # the last few hits; nothing else), which keeps a WAL flush off every hit.
-        with self.db.transaction() as cur:
-            cur.execute("SET LOCAL synchronous_commit = off")
-            cur.execute("UPDATE entries SET last_used = %s, use_tick = nextval('ticks'), hits = hits + %s "
-                        "WHERE id = %s RETURNING last_used, hits", (time.time(), int(count_hit), int(entry_id)))
-            return cur.fetchone()
+        rows = self.db.query("UPDATE entries SET last_used = ?, use_tick = nextval('ticks'), hits = hits + ? "
+                             "WHERE id = ? RETURNING last_used, hits", (time.time(), int(count_hit), int(entry_id)))
+        return rows[0] if rows else None
 
     def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
         """Move entries whose latents failed to load to the quarantine table (bytes kept) and drop them."""

@@ -185,12 +185,15 @@ def test_a_worker_killed_mid_insert_loses_nothing_committed_and_serves_nothing_c
     rng = random.Random(3)
     mid_insert = 0
     for kill in range(4):
-        proc = _spawn(url, name, tmp_path, 100 * kill, 50, 10**10, log, "x".join(map(str, shape)))
-        time.sleep(4.0 + rng.random())  # start-up (imports) plus a few inserts
-        begun_before = parse_log(log)[2]
+        proc = _spawn(url, name, tmp_path, 100_000 * kill, 100_000, 10**10, log, "x".join(map(str, shape)))
+        deadline = time.monotonic() + 120
+        while f"done {100_000 * kill} " not in (log.read_text() if log.exists() else ""):  # started inserting
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-2000:]
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.05, 0.5))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-        mid_insert += bool(parse_log(log)[2]) or bool(begun_before)
+        mid_insert += log.read_text().splitlines()[-1].startswith("begin")
     done, _, unfinished = parse_log(log)
     assert done and mid_insert >= 1
     with worker(url, name, tmp_path) as s:
