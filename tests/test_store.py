@@ -53,6 +53,13 @@ def test_hit_reports_matched_entity_donor_prompt_and_latents(store):
     assert "red ball" in res.report() and "a red ball on a beach" in res.report()
 
 
+def test_both_backends_implement_the_store_interface(store):
+    from comfyui_chai.cache_store.backend import CacheBackend
+
+    assert isinstance(store, CacheBackend)
+    assert store.generation == 0 and store.budget_bytes == budget_from_gb(1.0)
+
+
 def test_misses_say_why(store):
     assert store.lookup(ents("dog"), FP, SHAPE, THR).reason == "the cache is empty"
     store.insert("a dog", ents("dog"), FP, latents(), SIGMAS)
