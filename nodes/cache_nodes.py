@@ -163,19 +163,26 @@ class CacheStats(io.ComfyNode):
         if action not in ACTIONS:
             raise ChaiNodeError(f"CHAI Cache Stats: unknown action {action!r}; choose one of "
                                 f"{', '.join(ACTIONS)}")
-        with user_errors("CHAI Cache Stats"):
-            store = cache.store
-            lines = []
-            if action == ACTION_CLEAR:
-                lines.append(f"cleared {store.clear()} entries")
-            elif action == ACTION_PRUNE:
-                lines.append(f"pruned {len(store.prune())} entries to fit the budget")
-            stats = store.stats()
-            entries = store.entries(RECENT_ENTRIES) if stats.entries else []
-        report = format_report(Path(stats.root).name, stats.report(), lines, entries, stats.entries)
-        log.info("[CHAI] cache %r: %s, %d entries", Path(stats.root).name, action, stats.entries)
         from .canvas import show
 
+        with user_errors("CHAI Cache Stats"):
+            from ..cache_store.errors import CacheUnavailableError
+
+            store = cache.store
+            lines = []
+            try:
+                if action == ACTION_CLEAR:
+                    lines.append(f"cleared {store.clear()} entries")
+                elif action == ACTION_PRUNE:
+                    lines.append(f"pruned {len(store.prune())} entries to fit the budget")
+                stats = store.stats()
+                entries = store.entries(RECENT_ENTRIES) if stats.entries else []
+            except CacheUnavailableError as exc:  # a farm's server restarting: say so, do not fail the run
+                report = f"CHAI cache: {exc}"
+                log.warning("[CHAI] cache stats: %s", exc)
+                return io.NodeOutput(report, ui=show("cache server unreachable", report))
+        report = format_report(Path(stats.root).name, stats.report(), lines, entries, stats.entries)
+        log.info("[CHAI] cache %r: %s, %d entries", Path(stats.root).name, action, stats.entries)
         status = " · ".join([*lines, f"{stats.entries} entries", f"{stats.bytes / 1e6:.1f} of "
                              f"{stats.budget_bytes / 1e6:.0f} MB"])
         return io.NodeOutput(report, ui=show(status, report))

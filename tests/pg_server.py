@@ -158,6 +158,10 @@ class PgServer:
         """Stop the server (it keeps its data folder)."""
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
 
+    def resume(self) -> None:
+        """Start a stopped server again (same data)."""
+        self._pg_ctl_start()
+
     def restart(self) -> None:
         """Stop (fast: open connections are cut) and start again."""
         self.stop()

@@ -236,7 +236,7 @@ def test_a_server_restart_turns_into_misses_with_a_clear_report_then_the_cache_w
     # a worker that starts while the server is down opens anyway: misses until the server answers
     late = ChaiCache(tmp_path / "late", server=url, name="farm")
     assert not late.lookup(ents("dog"), FP, SHAPE, THR).hit
-    own_server._pg_ctl_start()
+    own_server.resume()
     assert cache.lookup(ents("dog"), FP, SHAPE, THR).hit
     assert late.lookup(ents("dog"), FP, SHAPE, THR).hit
     assert cache.write("a cat", ents("cat"), FP, latents(2), SIGMAS).stored

@@ -133,6 +133,22 @@ def test_the_second_comfyui_hits_on_the_entry_the_first_one_stored(farm, pg_serv
     (stats,) = second[ids["CHAI_CacheStats"]]["text"]
     assert f"postgresql://chai@{pg_server.socket_dir}:5432/chai/{cache}" in stats, stats
 
+    # the server stops mid-run: the workflow still renders, its reports say why nothing was looked up or stored
+    pg_server.stop()
+    try:
+        api, ids = _workflow(cache, "a green tractor crossing a muddy field")
+        down = _run(first_url, api)
+    finally:
+        pg_server.resume()
+    texts = {kind: down[ids[kind]]["text"][0] for kind in ("CHAI_CacheLookup", "CHAI_CacheWrite", "CHAI_CacheStats")}
+    assert texts["CHAI_CacheLookup"].startswith("MISS") and "is unreachable" in texts["CHAI_CacheLookup"], texts
+    assert "not stored: the cache server postgresql://chai@" in texts["CHAI_CacheWrite"], texts
+    assert "unreachable" in texts["CHAI_CacheStats"], texts
+    api, ids = _workflow(cache, MISS_PROMPT)
+    back = _run(first_url, api)
+    (lookup,) = back[ids["CHAI_CacheLookup"]]["text"]
+    assert lookup.startswith("HIT") and f"hit: entry {entry_id} " in lookup, lookup
+
     # each worker keeps its own copy of the entity index, under its own models/chai_cache
     for base in bases:
         assert list((base / "models" / "chai_cache" / ".server-index").glob("chai_farm-*"))
