@@ -91,7 +91,7 @@ def phase_replay(args, url, work: Path) -> list:
     finally:
         os.fsync = real_fsync
     log(f"  single process, cache folder: {single.hit_rate:.1%} ({single.hits}/{single.served})")
-    rows, tag = [], f"farm{os.getpid()}"
+    tag = f"farm{os.getpid()}"
 
     def open_cache(name: str, index: str) -> PgCacheStore:
         return PgCacheStore(url, name, StoreConfig(budget), index_root=work / "idx" / index)
@@ -139,8 +139,7 @@ def phase_latency(args, url, work: Path, entries: int, workers: list[int]) -> di
     name = f"farm{os.getpid()}-{entries}"
     n_entities = max(1000, int(entries * 0.6))
     log(f"phase 2: filling {entries} synthetic entries ({n_entities} entities) with COPY")
-    with PgCacheStore(url, name, StoreConfig(10**12), index_root=work / "fill") as s:
-        pass  # creates the schema
+    PgCacheStore(url, name, StoreConfig(10**12), index_root=work / "fill").close()  # creates the schema
     db = PgDb(url, schema_name(name))
     fill = farm_fill.fill(db, entries, n_entities, log=log)
     sizes = dict(db.query("SELECT relname, pg_total_relation_size(c.oid) FROM pg_class c JOIN pg_namespace n ON "

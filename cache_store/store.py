@@ -1,7 +1,8 @@
 """One cache folder: latent files + SQLite manifest + entity vector index, behind the CacheBackend interface.
 
 The parts: manifest (SQLite), rows (entry rows), validate (what may be committed), recovery (adopt, quarantine,
-rebuild), index_sync (the in-memory index), ranking (lookup order), maintenance (verify, repair, prune, clear).
+rebuild), index_sync (the in-memory index), lookup_flow and ranking (the lookup, shared with the PostgreSQL backend),
+maintenance (verify, repair, prune, clear).
 Opening never deletes: files the manifest lacks are adopted or quarantined, a damaged manifest is rebuilt.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .index_sync import IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
 from .manifest import Manifest
 from .naming import is_entry_file_name
-from .prepare import NothingToStoreError, check_fits, prepare_entry
+from .prepare import NothingToStoreError, check_fits, prepare_entry  # noqa: F401  (NothingToStoreError: re-exported)
 from .recovery import adopt_unlisted, open_manifest, quarantine, scan_latents, sweep_temporaries
 from .rows import compact_log, delete_entries, insert_entry, recount_bytes, total_bytes, victims
 from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport

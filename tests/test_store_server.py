@@ -3,7 +3,6 @@ kills, concurrent writers. Every test runs against a real server (tests/pg_serve
 from __future__ import annotations
 
 import logging
-import os
 import random
 import signal
 import subprocess
