@@ -1,16 +1,21 @@
-"""Command line over a cache folder: stats, list, prune, clear, verify, repair."""
+"""Command line over a cache folder or a cache on a PostgreSQL server: stats, list, prune, clear, verify, repair.
+
+The server comes from --url, else $CHAI_CACHE_URL / $CHAI_CACHE_URL_FILE unless --root names a folder.
+"""
 from __future__ import annotations
 
 import argparse
 import sqlite3
 import sys
 from pathlib import Path
+from typing import Any
 
 from .config import StoreConfig, budget_from_gb
 from .errors import CacheError
 from .maintenance import verify_folder
 from .naming import cache_dir
 from .service import default_root
+from .server_url import LOCAL, URL_ENV, ServerURL, redact, resolve
 from .store import CacheStore
 
 
@@ -20,7 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", type=Path, default=None,
                    help="folder holding the caches (default: $CHAI_CACHE_DIR or ~/.cache/chai-cache; "
                         "inside ComfyUI: ComfyUI/models/chai_cache)")
-    p.add_argument("--name", default="default", help="cache name (a folder under the root)")
+    p.add_argument("--name", default="default", help="cache name (a folder under the root, or a cache on the server)")
+    p.add_argument("--url", default=None,
+                   help="postgresql://user@host:port/database of a farm's shared cache (default: $CHAI_CACHE_URL or "
+                        "the URL in the file $CHAI_CACHE_URL_FILE, unless --root is given; 'local' forces the "
+                        "folder). Keep the password out of the command line: PGPASSWORD, ~/.pgpass or the "
+                        "variables")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("stats", help="counts, sizes, budget, embedder")
     ls = sub.add_parser("list", help="entries, most recently used first")
@@ -36,12 +46,37 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _server(args: argparse.Namespace) -> ServerURL | None:
+    if args.url is not None:
+        return None if args.url.strip().lower() == LOCAL else resolve(None, {URL_ENV: args.url})
+    return None if args.root is not None else resolve(None)
+
+
+def open_store(args: argparse.Namespace, server: ServerURL | None) -> Any:
+    """The cache the arguments name, opened with its own settings."""
+    if server is None:
+        return CacheStore(cache_dir(args.root or default_root(), args.name), StoreConfig())
+    from .pg_store import PgCacheStore
+
+    return PgCacheStore(server, args.name, StoreConfig(), index_root=args.root or default_root())
+
+
 def run(args: argparse.Namespace) -> str:
     """Execute one command and return its report."""
-    folder = cache_dir(args.root or default_root(), args.name)
+    server = _server(args)
     if args.command == "verify":  # read-only: never opens the store (opening adopts and quarantines files)
-        return verify_folder(folder).report()
-    with CacheStore(folder, StoreConfig()) as store:
+        if server is None:
+            return verify_folder(cache_dir(args.root or default_root(), args.name)).report()
+        from .pg_db import PgDb
+        from .pg_maintenance import verify
+        from .pg_schema import schema_name
+
+        db = PgDb(server, schema_name(args.name))
+        try:
+            return verify(db, args.name).report()
+        finally:
+            db.close()
+    with open_store(args, server) as store:
         if args.command == "stats":
             return store.stats().report()
         if args.command == "list":
@@ -66,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(run(args))
     except (CacheError, ValueError, OSError, sqlite3.Error) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug, still one line: the cache folder is never left half-changed by the CLI
-        print(f"error: unexpected {type(exc).__name__}: {exc} (please report this)", file=sys.stderr)
+        print(f"error: unexpected {type(exc).__name__}: {redact(str(exc))} (please report this)", file=sys.stderr)
         return 3
     return 0

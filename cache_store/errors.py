@@ -40,3 +40,13 @@ class ManifestDamagedError(ManifestError):
 
 class InvalidEntryError(CacheError, ValueError):
     """An entry that must not be committed: non-finite or zero vectors, NaN latents, inconsistent shapes."""
+
+
+class CacheUnavailableError(CacheError):
+    """The cache server cannot be reached (down, restarting, refusing the credentials): lookups are misses.
+
+    `transient` is False when waiting will not help (credentials, TLS settings, a missing database)."""
+
+    def __init__(self, message: str, transient: bool = True) -> None:
+        super().__init__(message)
+        self.transient = transient

@@ -1,12 +1,18 @@
-"""The in-memory entity index of one process, kept in step with the manifest's index log and persisted."""
+"""The in-memory entity index of one process, kept in step with a change log of entity additions and deletions.
+
+The log is the cache's own (the SQLite manifest's index_log, or the PostgreSQL server's): the index is derived
+state, caught up by sequence number before each lookup, rebuilt when the log no longer reaches back to it, and
+persisted locally so a restart replays only what changed since the last save.
+"""
 from __future__ import annotations
 
 import json
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -32,11 +38,71 @@ def usable_vectors(labels: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray,
     return labels[ok], vectors[ok]
 
 
-class IndexKeeper:
-    """Loads, replays, rebuilds and saves one cache's VectorIndex (the manifest is the truth)."""
+@dataclass(frozen=True)
+class LogHead:
+    """Where a cache's change log stands: generation, index epoch, vector dim (None while empty), log bounds."""
 
-    def __init__(self, manifest: Manifest, index_dir: Path, index_kwargs: Mapping[str, Any]) -> None:
+    generation: int
+    epoch: int
+    dim: int | None
+    embedder: str | None
+    first: int | None  # oldest sequence number still kept (None: empty log)
+    last: int          # newest sequence number (0: nothing logged yet)
+
+
+class ChangeLog(Protocol):
+    """What an IndexKeeper reads from its cache (the SQLite manifest or the PostgreSQL server)."""
+
+    def head(self) -> LogHead:
+        """The log's current position."""
+
+    def changes(self, since: int, gen: int, epoch: int) -> tuple[LogHead, list[tuple[int, int, str]] | None]:
+        """The head and, unless generation and epoch are unchanged, the (seq, entity id, op) rows after `since`,
+        read in one snapshot."""
+
+    def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, vectors) of all entities, or of the given ids."""
+
+
+class ManifestLog:
+    """The ChangeLog of an SQLite manifest (its meta counters and index_log table)."""
+
+    def __init__(self, manifest: Manifest) -> None:
         self.manifest = manifest
+
+    @staticmethod
+    def _head(cur: Any) -> LogHead:
+        meta = dict(cur.execute("SELECT key, value FROM meta WHERE key IN "
+                                "('generation', 'index_epoch', 'dim', 'embedder')").fetchall())
+        first, last = cur.execute("SELECT MIN(seq), COALESCE(MAX(seq), 0) FROM index_log").fetchone()
+        dim = meta.get("dim")
+        return LogHead(int(meta.get("generation", 0)), int(meta.get("index_epoch", 0) or 0),
+                       int(dim) if dim and dim.isdigit() and int(dim) > 0 else None, meta.get("embedder"),
+                       first, int(last))
+
+    def head(self) -> LogHead:
+        with self.manifest.read() as cur:
+            return self._head(cur)
+
+    def changes(self, since: int, gen: int, epoch: int) -> tuple[LogHead, list[tuple[int, int, str]] | None]:
+        with self.manifest.read() as cur:
+            meta = dict(cur.execute("SELECT key, value FROM meta WHERE key IN "
+                                    "('generation', 'index_epoch')").fetchall())
+            if int(meta.get("generation", 0)) == gen and int(meta.get("index_epoch", 0) or 0) == epoch:
+                return self._head(cur), None
+            rows = cur.execute("SELECT seq, entity_id, op FROM index_log WHERE seq > ? ORDER BY seq",
+                               (since,)).fetchall()
+            return self._head(cur), [(int(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+    def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return self.manifest.entity_vectors(ids)
+
+
+class IndexKeeper:
+    """Loads, replays, rebuilds and saves one cache's VectorIndex (the change log's cache is the truth)."""
+
+    def __init__(self, source: Manifest | ChangeLog, index_dir: Path, index_kwargs: Mapping[str, Any]) -> None:
+        self.log: ChangeLog = ManifestLog(source) if isinstance(source, Manifest) else source
         self.index_dir = index_dir
         self._kwargs = dict(index_kwargs)
         self.lock = threading.RLock()
@@ -45,103 +111,91 @@ class IndexKeeper:
         self.unsaved = 0
         self.last_save = time.monotonic()
 
-    def _dim(self) -> int | None:
-        value = self.manifest.meta("dim")
-        return int(value) if value and value.isdigit() and int(value) > 0 else None
-
     def load(self) -> None:
-        """Load the persisted index if it checks out against the manifest, else rebuild it from the manifest."""
+        """Load the persisted index if it checks out against the log, else rebuild it from the log's cache."""
         with self.lock:
-            dim = self._dim()
-            epoch = int(self.manifest.meta("index_epoch", "0") or 0)
-            self.index, self.seq, self.epoch, self.gen = None, 0, epoch, -1
-            if dim is None:
+            head = self.log.head()
+            self.index, self.seq, self.epoch, self.gen = None, 0, head.epoch, -1
+            if head.dim is None:
                 return
             try:
-                self._load_saved(dim, epoch)
+                self._load_saved(head)
             except (OSError, ValueError, KeyError, TypeError, IndexLoadError) as exc:
                 log.info("[CHAI] rebuilding the entity index from the manifest (%s)", exc)
                 self.rebuild()
 
-    def _load_saved(self, dim: int, epoch: int) -> None:
+    def _load_saved(self, head: LogHead) -> None:
         state = json.loads((self.index_dir / INDEX_STATE).read_text())
-        if state["epoch"] != epoch or state["dim"] != dim or state["embedder"] != self.manifest.meta("embedder"):
+        if state["epoch"] != head.epoch or state["dim"] != head.dim or state["embedder"] != head.embedder:
             raise IndexLoadError("index state belongs to another epoch or embedder")
-        last = int(self.manifest.query("SELECT COALESCE(MAX(seq), 0) FROM index_log")[0][0])
-        if not isinstance(state["seq"], int) or not 0 <= state["seq"] <= last:
+        if not isinstance(state["seq"], int) or not 0 <= state["seq"] <= head.last:
             raise IndexLoadError("index state is ahead of the manifest (the manifest went back in time)")
+        if head.first is not None and head.first > state["seq"] + 1 and state["seq"] > 0:
+            raise IndexLoadError("the change log was truncated past the saved index")
         name = state["file"]
         if not lat.is_leaf_name(name) or name.startswith("."):
             raise IndexLoadError("invalid index file name")
-        self.index = VectorIndex.load(self.index_dir / name, dim, **self._kwargs)
+        self.index = VectorIndex.load(self.index_dir / name, head.dim, **self._kwargs)
         self.seq = state["seq"]
         self.sync(force=True)
-        ids, _ = usable_vectors(*self.manifest.entity_vectors())
+        ids, _ = usable_vectors(*self.log.entity_vectors())
         if set(self.index.labels().tolist()) != set(ids.tolist()):
             raise IndexLoadError("index labels disagree with the manifest's entities")
 
     def rebuild(self) -> None:
-        """A fresh index of every usable entity vector in the manifest."""
+        """A fresh index of every usable entity vector in the cache."""
         with self.lock:
-            with self.manifest.read() as cur:
-                seq = cur.execute("SELECT COALESCE(MAX(seq), 0) FROM index_log").fetchone()[0]
-                meta = dict(cur.execute("SELECT key, value FROM meta WHERE key IN "
-                                        "('generation', 'index_epoch')").fetchall())
-            dim = self._dim()
-            if dim is None:
+            head = self.log.head()
+            if head.dim is None:
                 self.index = None
+                self.gen, self.epoch = head.generation, head.epoch
                 return
-            labels, vectors = usable_vectors(*self.manifest.entity_vectors())
-            index = VectorIndex(dim, **self._kwargs)
+            labels, vectors = usable_vectors(*self.log.entity_vectors())
+            index = VectorIndex(head.dim, **self._kwargs)
             if len(labels):
                 index.add(labels, vectors)
-            self.index, self.seq = index, seq
-            self.epoch, self.gen = int(meta.get("index_epoch", 0)), int(meta.get("generation", 0))
+            self.index, self.seq = index, head.last
+            self.epoch, self.gen = head.epoch, head.generation
             self.unsaved = len(labels)
 
     def sync(self, force: bool = False) -> None:
         """Apply entity additions and deletions other processes (or this one) logged since the last sync."""
         with self.lock:
-            with self.manifest.read() as cur:
-                meta = dict(cur.execute("SELECT key, value FROM meta WHERE key IN "
-                                        "('generation', 'index_epoch', 'dim')").fetchall())
-                gen, epoch = int(meta.get("generation", 0)), int(meta.get("index_epoch", 0) or 0)
-                if not force and gen == self.gen and epoch == self.epoch:
-                    return
-                if "dim" not in meta:
-                    self.index, self.gen, self.epoch = None, gen, epoch
-                    return
-                first = cur.execute("SELECT MIN(seq) FROM index_log").fetchone()[0]
-                rows = cur.execute("SELECT seq, entity_id, op FROM index_log WHERE seq > ? ORDER BY seq",
-                                   (self.seq,)).fetchall()
-            lagging = first is not None and first > self.seq + 1 and self.seq > 0
-            if self.index is None or epoch != self.epoch or lagging:
+            head, rows = self.log.changes(self.seq, -1 if force else self.gen, self.epoch)
+            if rows is None:
+                return
+            if head.dim is None:
+                self.index, self.gen, self.epoch = None, head.generation, head.epoch
+                return
+            lagging = head.first is not None and head.first > self.seq + 1 and self.seq > 0
+            if self.index is None or head.epoch != self.epoch or lagging:
                 self.rebuild()
                 return
-            final = {row["entity_id"]: row["op"] for row in rows}
+            final = {entity_id: op for _, entity_id, op in rows}
             removed = [eid for eid, op in final.items() if op == "del"]
             added = [eid for eid, op in final.items() if op == "add"]
             if removed:
                 self.index.remove(removed)
             if added:
-                labels, vectors = usable_vectors(*self.manifest.entity_vectors(added))
+                labels, vectors = usable_vectors(*self.log.entity_vectors(added))
                 if len(labels):
                     self.index.add(labels, vectors)
             if rows:
-                self.seq = rows[-1]["seq"]
+                self.seq = rows[-1][0]
             self.unsaved += len(rows)
-            self.gen = gen
+            self.gen = head.generation
 
     def save(self) -> None:
         """Persist the index with the log position it reflects (writer lock held)."""
         with self.lock:
-            dim = self._dim()
-            if self.index is None or dim is None:
+            head = self.log.head()
+            if self.index is None or head.dim is None:
                 return
             name = f"entities-{self.epoch}-{self.seq}.idx"
+            self.index_dir.mkdir(parents=True, exist_ok=True)
             self.index.save(self.index_dir / name)
-            state = {"file": name, "seq": self.seq, "epoch": self.epoch, "dim": dim,
-                     "embedder": self.manifest.meta("embedder")}
+            state = {"file": name, "seq": self.seq, "epoch": self.epoch, "dim": head.dim,
+                     "embedder": head.embedder}
             lat.write_atomic(self.index_dir, INDEX_STATE, json.dumps(state).encode())
             for old in self.index_dir.iterdir():
                 if old.name.startswith("entities-") and old.name != name:

@@ -83,19 +83,24 @@ def fsync_dir(directory: Path) -> None:
 
 def read_verified(path: Path, expected: str) -> dict[str, Any]:
     """Load an entry's tensors after checking its checksum; raise CacheEntryError otherwise (symlinks refused)."""
-    from safetensors.torch import load
-
     try:
         data = read_regular_file(path)
     except OSError as exc:
         raise CacheEntryError(f"latent file {path.name} is missing, unreadable or not a regular file "
                               f"({exc.strerror or exc})") from exc
+    return tensors_verified(data, expected, f"latent file {path.name}")
+
+
+def tensors_verified(data: bytes, expected: str, what: str) -> dict[str, Any]:
+    """The latent tensors of an entry's bytes after checking their checksum; CacheEntryError naming `what`."""
+    from safetensors.torch import load
+
     if checksum(data) != expected:
-        raise CacheEntryError(f"latent file {path.name} fails its checksum (truncated or modified)")
+        raise CacheEntryError(f"{what} fails its checksum (truncated or modified)")
     try:
         tensors = load(data)
     except Exception as exc:  # safetensors raises its own error types
-        raise CacheEntryError(f"latent file {path.name} is not a valid safetensors file: {exc}") from exc
+        raise CacheEntryError(f"{what} is not a valid safetensors file: {exc}") from exc
     tensors.pop(VECTORS_KEY, None)
     return tensors
 

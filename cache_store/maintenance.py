@@ -11,7 +11,7 @@ import numpy as np
 from . import latents as lat
 from .errors import CacheError
 from .index import IndexLoadError, VectorIndex
-from .index_sync import INDEX_STATE
+from .index_sync import INDEX_STATE, ManifestLog
 from .layout import INDEX_DIR, LATENT_DIR
 from .manifest import MANIFEST_NAME, Manifest, shape_key
 from .naming import is_entry_file_name
@@ -152,7 +152,8 @@ def repair(store: "CacheStore") -> VerifyReport:
         if any(p.startswith(("manifest integrity", "the manifest could not")) for p in report.problems):
             store.manifest.close()
             rebuilt = rebuild_manifest(store.root, store.latent_dir, "repair: " + report.problems[0])
-            store.manifest = store.keeper.manifest = Manifest(store.root / MANIFEST_NAME)
+            store.manifest = Manifest(store.root / MANIFEST_NAME)
+            store.keeper.log = ManifestLog(store.manifest)
             report.repaired += rebuilt.lines()
         _drop_bad_entries(store, report)
         with store.manifest.write() as cur:

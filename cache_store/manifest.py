@@ -120,6 +120,8 @@ def shape_key(shape: Sequence[int]) -> str:
 class Manifest:
     """Thread-safe wrapper over one SQLite connection in WAL mode."""
 
+    PINNED_JOIN = "CROSS JOIN"  # SQLite keeps the join order a CROSS JOIN names (ranking relies on it)
+
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
         self.readonly = readonly

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .hit_rule import HitRule, matched_role
-from .manifest import Manifest, shape_key
+from .manifest import shape_key
 from .types import EmbeddedEntities, Match
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
@@ -29,7 +29,7 @@ class StoredEntity:
         return self.core or self.head
 
 
-def stored_entities(manifest: Manifest, ids: Sequence[int]) -> dict[int, StoredEntity]:
+def stored_entities(manifest: Any, ids: Sequence[int]) -> dict[int, StoredEntity]:
     """Manifest rows of these entity ids."""
     out: dict[int, StoredEntity] = {}
     ids = sorted(set(ids))
@@ -42,7 +42,7 @@ def stored_entities(manifest: Manifest, ids: Sequence[int]) -> dict[int, StoredE
     return out
 
 
-def borrowable(manifest: Manifest, entities: EmbeddedEntities, matched: list[tuple[int, int, float]],
+def borrowable(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]],
                rule: HitRule) -> list[tuple[int, int, float]]:
     """The matches that may carry a hit: the request's main subject or scene naming the same kind of thing as
     the stored entity (whose role in each entry the ranking checks)."""
@@ -53,7 +53,7 @@ def borrowable(manifest: Manifest, entities: EmbeddedEntities, matched: list[tup
             if eid in stored and rule.same_thing(entities.entities[q], stored[eid], sim)]
 
 
-def rank(manifest: Manifest, matched: list[tuple[int, int, float]], fingerprint: str, shape: str,
+def rank(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str, shape: str,
          roles: frozenset[str] = frozenset({"main", "scene"})) -> list[int]:
     """Compatible entries, where the matched entities hold one of `roles`, ordered by matched query entities,
     then summed similarity, then newest."""
@@ -62,17 +62,18 @@ def rank(manifest: Manifest, matched: list[tuple[int, int, float]], fingerprint:
         return []
     values = ",".join(["(?,?,?)"] * len(matched))
     params: list[Any] = [x for triple in matched for x in triple]
-    # CROSS JOIN pins the loop order: matched entities -> their postings in this group (one range scan each).
+    # The join is pinned to matched entities -> their postings in this group (one range scan each): SQLite's
+    # CROSS JOIN; PostgreSQL plans that order by itself and spells it JOIN.
     sql = (f"WITH m(q, eid, sim) AS (VALUES {values}), "
            "best AS (SELECT p.entry_id AS entry_id, m.q AS q, MAX(m.sim) AS sim "
-           f"FROM m CROSS JOIN postings p ON p.group_id = ? AND p.entity_id = m.eid "
+           f"FROM m {manifest.PINNED_JOIN} postings p ON p.group_id = ? AND p.entity_id = m.eid "
            f"AND p.role IN ({','.join('?' * len(roles))}) GROUP BY p.entry_id, m.q) "
            "SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best GROUP BY entry_id "
            "ORDER BY n DESC, s DESC, entry_id DESC LIMIT ?")
     rows = manifest.query(sql, params + [group[0][0], *sorted(roles), CANDIDATES])
     return [r[0] for r in rows]
 
-def matches_for(manifest: Manifest, entry_id: int, entities: EmbeddedEntities,
+def matches_for(manifest: Any, entry_id: int, entities: EmbeddedEntities,
                  matched: list[tuple[int, int, float]]) -> list[Match]:
     held = {r[0]: (r[1], r[2]) for r in manifest.query(
         "SELECT e.id, e.text, p.role FROM postings p JOIN entities e ON e.id = p.entity_id WHERE p.entry_id=?",
@@ -85,14 +86,14 @@ def matches_for(manifest: Manifest, entry_id: int, entities: EmbeddedEntities,
                   matched_role(entities.entities[q].role, role))
             for q, (sim, text, role) in sorted(best.items())]
 
-def entity_texts(manifest: Manifest, ids: Sequence[int]) -> dict[int, str]:
+def entity_texts(manifest: Any, ids: Sequence[int]) -> dict[int, str]:
     if not ids:
         return {}
     marks = ",".join("?" * len(ids))
     return {r[0]: r[1] for r in manifest.query(f"SELECT id, text FROM entities WHERE id IN ({marks})",
                                                      list(ids))}
 
-def no_match_reason(manifest: Manifest, entities: EmbeddedEntities, labels: np.ndarray, sims: np.ndarray,
+def no_match_reason(manifest: Any, entities: EmbeddedEntities, labels: np.ndarray, sims: np.ndarray,
                      threshold: float) -> str:
     best_q, best_col, best = -1, -1, -2.0
     for q in range(labels.shape[0]):
@@ -104,7 +105,7 @@ def no_match_reason(manifest: Manifest, entities: EmbeddedEntities, labels: np.n
     return (f"no cached entity reaches similarity {threshold:.2f} (closest: "
             f"'{entities.entities[best_q].text}'~'{text}' {best:.3f})")
 
-def secondary_reason(manifest: Manifest, entities: EmbeddedEntities, matched: list[tuple[int, int, float]]) -> str:
+def secondary_reason(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]]) -> str:
     """Why entries that share similar entities are no hit: the best such pair, and what it is to each side."""
     q, eid, sim = max(matched, key=lambda m: m[2])
     stored = stored_entities(manifest, [eid]).get(eid)
@@ -116,7 +117,7 @@ def secondary_reason(manifest: Manifest, entities: EmbeddedEntities, matched: li
             f"{sim:.3f}: {why}); a hit needs the main subject or the scene on both sides")
 
 
-def incompatible_reason(manifest: Manifest, matched: list[tuple[int, int, float]], fingerprint: str,
+def incompatible_reason(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str,
                          shape: Sequence[int]) -> str:
     ids = sorted({eid for _, eid, _ in matched})[:500]
     marks = ",".join("?" * len(ids))

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .config import StoreConfig
-from .errors import CacheError
+from .errors import CacheError, CacheUnavailableError
 from .naming import cache_dir, encodable_text
+from .server_url import ServerURL, resolve
 from .store import CacheStore, NothingToStoreError
 from .types import EmbeddedEntities, InsertResult, LookupResult
 
@@ -37,14 +38,23 @@ class WriteResult:
 
 
 class ChaiCache:
-    """Entity extraction, embedding and the store for one named cache folder."""
+    """Entity extraction, embedding and the store for one named cache: a folder, or a cache on a server."""
 
     def __init__(self, root: str | os.PathLike, *, budget_bytes: int | None = None, policy: str | None = None,
                  embedder: Any = "minilm", spacy_pipeline: str | None = None,
-                 threshold: float | None = None) -> None:
-        self.root = Path(root)
+                 threshold: float | None = None, server: ServerURL | None = None, name: str | None = None) -> None:
         self.settings = StoreConfig(budget_bytes=budget_bytes, policy=policy)
-        self.store = CacheStore(self.root, self.settings)
+        self.server = server
+        self.store: Any
+        if server is None:
+            self.root: Path | str = Path(root)
+            self.store = CacheStore(self.root, self.settings)
+        else:
+            from .pg_store import PgCacheStore
+
+            # root: the local folder that keeps this worker's copy of the entity index
+            self.store = PgCacheStore(server, name or "default", self.settings, index_root=root)
+            self.root = self.store.root
         self._embedder_spec = embedder
         self._embedder = None if isinstance(embedder, str) else embedder
         self._spacy_pipeline = spacy_pipeline
@@ -98,6 +108,9 @@ class ChaiCache:
         thr = self.threshold if threshold is None else float(threshold)
         try:
             return self.store.lookup(entities, fingerprint, shape, thr)
+        except CacheUnavailableError as exc:  # a server restarting: a miss that says so
+            log.warning("[CHAI] cache lookup treated as a miss: %s", exc)
+            return LookupResult(False, str(exc))
         except CacheError as exc:  # every manifest error arrives here as a CacheError with advice
             log.warning("[CHAI] cache lookup failed, treated as a miss: %s", exc)
             return LookupResult(False, f"cache unreadable: {exc}")
@@ -111,15 +124,23 @@ class ChaiCache:
             result = self.store.insert(prompt, entities, fingerprint, latents, sigmas, shape=shape, meta=meta)
         except NothingToStoreError as exc:
             return WriteResult(False, str(exc))
+        except CacheUnavailableError as exc:  # the generation is fine; only the cache could not take it
+            log.warning("[CHAI] cache write skipped: %s", exc)
+            return WriteResult(False, str(exc))
         evicted = f", evicted {len(result.evicted)}" if result.evicted else ""
         return WriteResult(True, f"stored entry {result.entry_id} ({result.nbytes / 1e6:.2f} MB{evicted})",
                            insert=result, timings={"write": time.perf_counter() - t0})
 
     def same_settings(self, *, budget_bytes: int | None, policy: str | None, embedder: Any,
-                      spacy_pipeline: str | None) -> bool:
+                      spacy_pipeline: str | None, server: ServerURL | None = None, **_: Any) -> bool:
         """True when this handle was opened with exactly these settings."""
         return (self.settings == StoreConfig(budget_bytes, policy) and self._embedder_spec == embedder
-                and self._spacy_pipeline == spacy_pipeline)
+                and self._spacy_pipeline == spacy_pipeline and self.server == server)
+
+    @property
+    def alive(self) -> bool:
+        """False once the cache's folder was deleted under this handle (a server cache stays alive)."""
+        return self.server is not None or Path(self.root).exists()
 
     @property
     def closed(self) -> bool:
@@ -142,11 +163,11 @@ class _Handles:
         self._opened: list[ChaiCache] = []  # every handle open_cache returned, until close_all
         self._read_by: dict[str, str] = {}  # reader id (a lookup node) -> folder it read last
 
-    def open(self, folder: Path, owner: str | None, **settings: Any) -> ChaiCache:
-        key = (owner or "", str(folder))
+    def open(self, location: str, folder: Path, owner: str | None, **settings: Any) -> ChaiCache:
+        key = (owner or "", location)
         with self._lock:
             cache = self._by_owner.get(key) if owner is not None else None
-            if cache is not None and cache.same_settings(**settings) and folder.exists():
+            if cache is not None and cache.same_settings(**settings) and cache.alive:
                 return cache
             fresh = ChaiCache(folder, **settings)
             self._opened = [c for c in self._opened if not c.closed] + [fresh]
@@ -156,7 +177,7 @@ class _Handles:
                 cache.close()  # the owner's own previous handle, never another owner's
             return fresh
 
-    def note_read(self, reader: str, folder: Path) -> None:
+    def note_read(self, reader: str, folder: Path | str) -> None:
         with self._lock:
             self._read_by[reader] = str(folder)
 
@@ -197,8 +218,13 @@ _HANDLES = _Handles()
 
 
 def open_cache(root: str | os.PathLike, name: str, *, budget_bytes: int | None = None, policy: str | None = None,
-               embedder: Any = "minilm", spacy_pipeline: str | None = None, owner: str | None = None) -> ChaiCache:
-    """A ChaiCache for root/name owned by `owner` (e.g. a node id).
+               embedder: Any = "minilm", spacy_pipeline: str | None = None, owner: str | None = None,
+               server: str | None = None) -> ChaiCache:
+    """A ChaiCache for root/name owned by `owner` (e.g. a node id), or for cache `name` on a PostgreSQL server.
+
+    `server` is the CHAI Cache node's server input: "" or None -> $CHAI_CACHE_URL / $CHAI_CACHE_URL_FILE if set,
+    else the folder root/name; "local" -> the folder; "postgresql://..." -> that server (see server_url). A server
+    cache keeps this worker's entity index under root.
 
     The same owner asking again with the same settings gets its handle back; with other settings its previous
     handle is closed and a new one returned. Handles of other owners are never touched. Without an owner the
@@ -206,8 +232,12 @@ def open_cache(root: str | os.PathLike, name: str, *, budget_bytes: int | None =
     changes): the budget belongs to the cache, so every process enforces the same one.
     """
     folder = cache_dir(root, name)
-    return _HANDLES.open(folder, owner, budget_bytes=budget_bytes, policy=policy, embedder=embedder,
-                         spacy_pipeline=spacy_pipeline)
+    url = resolve(server)
+    if url is None:
+        return _HANDLES.open(str(folder), folder, owner, budget_bytes=budget_bytes, policy=policy,
+                             embedder=embedder, spacy_pipeline=spacy_pipeline)
+    return _HANDLES.open(f"{url.label}/{name}", folder.parent, owner, budget_bytes=budget_bytes, policy=policy,
+                         embedder=embedder, spacy_pipeline=spacy_pipeline, server=url, name=name)
 
 
 def note_lookup(reader: str, cache: ChaiCache) -> None:

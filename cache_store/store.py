@@ -1,7 +1,8 @@
 """One cache folder: latent files + SQLite manifest + entity vector index, behind the CacheBackend interface.
 
 The parts: manifest (SQLite), rows (entry rows), validate (what may be committed), recovery (adopt, quarantine,
-rebuild), index_sync (the in-memory index), ranking (lookup order), maintenance (verify, repair, prune, clear).
+rebuild), index_sync (the in-memory index), lookup_flow and ranking (the lookup, shared with the PostgreSQL backend),
+maintenance (verify, repair, prune, clear).
 Opening never deletes: files the manifest lacks are adopted or quarantined, a damaged manifest is rebuilt.
 """
 from __future__ import annotations
@@ -15,19 +16,18 @@ from typing import Any, Mapping, Sequence
 from filelock import FileLock, Timeout
 
 from . import latents as lat
-from . import maintenance, ranking
+from . import lookup_flow, maintenance
 from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, POLICIES, StoreConfig
-from .errors import CacheEntryError, CacheError, EmbedderMismatchError, EntryTooLargeError, InvalidEntryError
-from .hit_rule import HitRule
+from .errors import CacheEntryError, CacheError, EmbedderMismatchError, InvalidEntryError
 from .index_sync import IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
-from .manifest import Manifest, shape_key
-from .naming import encodable_text, is_entry_file_name
-from .roles import ROLES
+from .manifest import Manifest
+from .naming import is_entry_file_name
+from .prepare import NothingToStoreError, check_fits, prepare_entry  # noqa: F401  (NothingToStoreError: re-exported)
 from .recovery import adopt_unlisted, open_manifest, quarantine, scan_latents, sweep_temporaries
 from .rows import compact_log, delete_entries, insert_entry, recount_bytes, total_bytes, victims
 from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
-from .validate import check_latents, check_record
+from .validate import check_latents
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +35,6 @@ SAVE_INDEX_EVERY = 1000  # logged entity changes before this process persists th
 SAVE_INDEX_INTERVAL = 300.0  # ... but at most every 5 minutes: a save writes the whole index (~90 MB at 100k);
                              # a reopen replays whatever the index_log recorded since the last save
 SET_ASIDE_TIMEOUT = 5.0  # a lookup waits this long for the writer lock to quarantine a damaged entry, then skips
-
-
-class NothingToStoreError(CacheError):
-    """An insert without entities: such an entry could never be found again."""
 
 
 class CacheStore:
@@ -127,21 +123,7 @@ class CacheStore:
                sigmas: Sequence[float], shape: Sequence[int] | None = None,
                meta: Mapping[str, Any] | None = None) -> InsertResult:
         """Validate and store a full-mode generation's donor latents, evicting so the budget holds on return."""
-        if len(entities) == 0:
-            raise NothingToStoreError("the prompt has no entities, so the entry could never be matched; not stored")
-        if not fingerprint:
-            raise ValueError("a model fingerprint is required")
-        tensors = dict(latents)
-        if not tensors:
-            raise InvalidEntryError("an entry needs at least one latent tensor")
-        rows = [(e.text, e.kind, e.role, e.head, e.core) for e in entities.entities]
-        record = check_record(encodable_text(prompt or ""), rows,
-                              entities.vectors, entities.embedder, fingerprint, tensors, sigmas, shape, meta)
-        payload = {"prompt": record.prompt, "fingerprint": record.fingerprint, "shape": list(record.shape),
-                   "dtype": record.dtype, "sigmas": list(record.sigmas), "embedder": record.embedder,
-                   "entities": [{"text": t, "kind": k, "role": r, "head": h, "core": c}
-                                for t, k, r, h, c in record.entities], "extra": dict(record.extra)}
-        data = lat.encode_entry(tensors, record.vectors, payload)
+        record, data = prepare_entry(prompt, entities, fingerprint, latents, sigmas, shape, meta)
         self._check_fits(len(data))
         name = lat.new_entry_file_name()
         with self._writer:
@@ -155,8 +137,7 @@ class CacheStore:
                 with self.manifest.write() as cur:
                     budget = _setting("budget_bytes", cur.execute(
                         "SELECT value FROM meta WHERE key='budget_bytes'").fetchone()[0]) or DEFAULT_BUDGET_BYTES
-                    if len(data) > budget:
-                        raise EntryTooLargeError(_too_large(len(data), budget))
+                    check_fits(len(data), budget)
                     chosen = victims(cur, total_bytes(cur) + len(data) - budget, self.policy_in(cur))
                     evicted_files = delete_entries(cur, chosen)
                     entry_id = insert_entry(cur, record, name, len(data), lat.checksum(data))
@@ -178,9 +159,7 @@ class CacheStore:
         return _setting("policy", row[0] if row else None) or DEFAULT_POLICY
 
     def _check_fits(self, nbytes: int) -> None:
-        budget = self.budget_bytes
-        if nbytes > budget:
-            raise EntryTooLargeError(_too_large(nbytes, budget))
+        check_fits(nbytes, self.budget_bytes)
 
     # ------------------------------------------------------------------ reading
     @property
@@ -195,67 +174,23 @@ class CacheStore:
     def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], threshold: float,
                touch: bool = True, load: bool = True) -> LookupResult:
         """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
-        timings: dict[str, float] = {}
-        t0 = time.perf_counter()
-        if len(entities) == 0:
-            return LookupResult(False, "the prompt has no entities to match", timings=timings)
-        stored = self.manifest.meta("embedder")
-        if stored is None:
-            return LookupResult(False, "the cache is empty", timings=timings)
-        if stored != entities.embedder:
-            return LookupResult(False, f"the cache was built with embedder {stored!r}, this lookup used "
-                                       f"{entities.embedder!r}; use the same embedder or another cache name",
-                                timings=timings)
-        self.keeper.sync()
-        found = self.keeper.query(entities.vectors, ranking.NEIGHBOURS)
-        if found is None:
-            return LookupResult(False, "the cache is empty", timings=timings)
-        labels, sims = found
-        timings["index"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        matched = [(q, int(lab), float(sim)) for q in range(len(entities))
-                   for lab, sim in zip(labels[q], sims[q]) if lab >= 0 and sim >= threshold]
-        if not matched:
-            timings["select"] = time.perf_counter() - t1
-            return LookupResult(False, ranking.no_match_reason(self.manifest, entities, labels, sims, threshold),
-                                timings=timings)
-        rule = HitRule(threshold)
-        carried = ranking.borrowable(self.manifest, entities, matched, rule)
-        candidates = ranking.rank(self.manifest, carried, fingerprint, shape_key(shape), rule.roles) if carried else []
-        timings["select"] = time.perf_counter() - t1
-        if not candidates:
-            if not ranking.rank(self.manifest, matched, fingerprint, shape_key(shape), frozenset(ROLES)):
-                return LookupResult(False, ranking.incompatible_reason(self.manifest, matched, fingerprint, shape),
-                                    timings=timings)
-            return LookupResult(False, ranking.secondary_reason(self.manifest, entities, matched), timings=timings)
-        matched = carried
-        t2 = time.perf_counter()
-        damaged: list[tuple[EntryInfo | int, str]] = []
-        for entry_id in candidates:
-            entry = self.manifest.entry(entry_id)
-            if entry is None:
-                damaged.append((entry_id, "its manifest row is malformed"))
-                continue
-            tensors = None
-            if load:
-                try:
-                    tensors = self._read_entry(entry)
-                except CacheEntryError as exc:
-                    log.warning("[CHAI] skipping cache entry %d: %s", entry_id, exc)
-                    damaged.append((entry, str(exc)))
-                    continue
-            if touch:
-                entry = self._touch_best_effort(entry)
-            timings["load"] = time.perf_counter() - t2
-            self._set_aside(damaged)
-            return LookupResult(True, "shared entities", entry=entry, latents=tensors, timings=timings,
-                                matches=ranking.matches_for(self.manifest, entry_id, entities, matched))
-        self._set_aside(damaged)
-        timings["load"] = time.perf_counter() - t2
-        return LookupResult(False, "the matching entries were unreadable (damaged files); they were set aside",
-                            timings=timings)
+        return lookup_flow.lookup(self, entities, fingerprint, shape, threshold, touch=touch, load=load)
 
-    def _read_entry(self, entry: EntryInfo) -> dict[str, Any]:
+    # ------------------------------------------------------------------ what the lookup flow reads
+    @property
+    def db(self) -> Manifest:
+        """The manifest: ranking queries run on it."""
+        return self.manifest
+
+    def stored_embedder(self) -> str | None:
+        """The embedder of the cache's vectors (None while empty)."""
+        return self.manifest.meta("embedder")
+
+    def entry(self, entry_id: int) -> EntryInfo | None:
+        """One entry, or None."""
+        return self.manifest.entry(entry_id)
+
+    def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
         """Tensors of an entry: checksum verified, finite, of the entry's shape and dtype."""
         if not is_entry_file_name(entry.file):
             raise CacheEntryError(f"invalid file name {entry.file!r} in the manifest")
@@ -269,7 +204,7 @@ class CacheStore:
             raise CacheEntryError(f"latent file {entry.file} holds {dtype}, the manifest says {entry.dtype}")
         return tensors
 
-    def _touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
+    def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
         """Refresh recency; on a full or read-only disk serve the hit anyway and warn once."""
         try:
             self.touch(entry.id)
@@ -281,7 +216,7 @@ class CacheStore:
                 self._warned_touch = True
             return entry
 
-    def _set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
+    def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
         """Quarantine the files of entries that failed to load and drop their rows, if the lock comes soon."""
         if not damaged:
             return
@@ -310,7 +245,7 @@ class CacheStore:
         entry = self.manifest.entry(entry_id)
         if entry is None:
             raise CacheEntryError(f"cache entry {entry_id} does not exist (evicted?)")
-        return self._read_entry(entry), list(entry.sigmas)
+        return self.read_entry(entry), list(entry.sigmas)
 
     def touch(self, entry_id: int, count_hit: bool = True) -> None:
         """Refresh an entry's recency (and its use count for LFU)."""
@@ -390,7 +325,3 @@ def _setting(key: str, value: str | None) -> Any:
         return None
     return number if number > 0 else None
 
-
-def _too_large(nbytes: int, budget: int) -> str:
-    return (f"this entry needs {nbytes / 1e6:.2f} MB but the whole cache budget is {budget / 1e6:.2f} MB; "
-            "raise the budget (GB) to store it")

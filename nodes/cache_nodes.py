@@ -54,6 +54,13 @@ class CacheOpen(io.ComfyNode):
                     "embedder", options=EMBEDDERS, default="minilm",
                     tooltip="How entity phrases are compared. 'minilm' (all-MiniLM-L6-v2, CPU, a few ms per "
                             "prompt) is the calibrated default. A cache keeps the embedder it was built with."),
+                io.String.Input(
+                    "server", optional=True, force_input=True,
+                    tooltip="Optional: where the cache lives. Unconnected or empty: the server in the worker's "
+                            "CHAI_CACHE_URL (or the file CHAI_CACHE_URL_FILE) if set, else the local folder. "
+                            "'postgresql://user@host:5432/db': a render farm's shared cache on PostgreSQL "
+                            "(the password comes from CHAI_CACHE_URL, PGPASSWORD or ~/.pgpass, never from the "
+                            "workflow). 'local': the local folder even when CHAI_CACHE_URL is set."),
             ],
             outputs=[CHAI_CACHE.Output(
                 "cache", display_name="cache",
@@ -77,7 +84,8 @@ class CacheOpen(io.ComfyNode):
         return True
 
     @classmethod
-    def execute(cls, name: str, budget_gb: float, policy: str, embedder: str) -> io.NodeOutput:
+    def execute(cls, name: str, budget_gb: float, policy: str, embedder: str,
+                server: str | None = None) -> io.NodeOutput:
         # Validation checks widget values (ListedCombo); a value that arrives through a link is checked here.
         if policy not in POLICIES:
             raise ChaiNodeError(f"CHAI Cache: unknown eviction policy {policy!r}; choose one of "
@@ -92,11 +100,12 @@ class CacheOpen(io.ComfyNode):
             # The handle belongs to this node: re-running it (new budget) replaces only its own handle. The
             # budget widget is an explicit setting: opening stores it as the cache's budget (logged if changed).
             cache = open_cache(root, name, budget_bytes=budget_from_gb(budget_gb), policy=policy,
-                               embedder=embedder, owner=f"CHAI_CacheOpen:{executing_node_id()}")
+                               embedder=embedder, owner=f"CHAI_CacheOpen:{executing_node_id()}", server=server)
         log.info("[CHAI] cache %r open at %s (budget %.2f GB, %s)", name, cache.root, budget_gb, policy)
         from .canvas import show
 
-        return io.NodeOutput(cache, ui=show(f"cache '{name}' open · budget {budget_gb:g} GB · {policy}"))
+        shared = f" · shared on {cache.server.label}" if cache.server is not None else ""
+        return io.NodeOutput(cache, ui=show(f"cache '{name}' open · budget {budget_gb:g} GB · {policy}{shared}"))
 
 
 def executing_node_id() -> str:
@@ -154,19 +163,26 @@ class CacheStats(io.ComfyNode):
         if action not in ACTIONS:
             raise ChaiNodeError(f"CHAI Cache Stats: unknown action {action!r}; choose one of "
                                 f"{', '.join(ACTIONS)}")
-        with user_errors("CHAI Cache Stats"):
-            store = cache.store
-            lines = []
-            if action == ACTION_CLEAR:
-                lines.append(f"cleared {store.clear()} entries")
-            elif action == ACTION_PRUNE:
-                lines.append(f"pruned {len(store.prune())} entries to fit the budget")
-            stats = store.stats()
-            entries = store.entries(RECENT_ENTRIES) if stats.entries else []
-        report = format_report(Path(stats.root).name, stats.report(), lines, entries, stats.entries)
-        log.info("[CHAI] cache %r: %s, %d entries", Path(stats.root).name, action, stats.entries)
         from .canvas import show
 
+        with user_errors("CHAI Cache Stats"):
+            from ..cache_store.errors import CacheUnavailableError
+
+            store = cache.store
+            lines = []
+            try:
+                if action == ACTION_CLEAR:
+                    lines.append(f"cleared {store.clear()} entries")
+                elif action == ACTION_PRUNE:
+                    lines.append(f"pruned {len(store.prune())} entries to fit the budget")
+                stats = store.stats()
+                entries = store.entries(RECENT_ENTRIES) if stats.entries else []
+            except CacheUnavailableError as exc:  # a farm's server restarting: say so, do not fail the run
+                report = f"CHAI cache: {exc}"
+                log.warning("[CHAI] cache stats: %s", exc)
+                return io.NodeOutput(report, ui=show("cache server unreachable", report))
+        report = format_report(Path(stats.root).name, stats.report(), lines, entries, stats.entries)
+        log.info("[CHAI] cache %r: %s, %d entries", Path(stats.root).name, action, stats.entries)
         status = " · ".join([*lines, f"{stats.entries} entries", f"{stats.bytes / 1e6:.1f} of "
                              f"{stats.budget_bytes / 1e6:.0f} MB"])
         return io.NodeOutput(report, ui=show(status, report))

@@ -372,23 +372,29 @@ class CacheWrite(io.ComfyNode):
     @classmethod
     def execute(cls, cache: Any, entities: Any, trace: Any) -> io.NodeOutput:
         with user_errors("CHAI Cache Write"):
-            from ..cache_store.errors import EmbedderMismatchError, EntryTooLargeError
+            from ..cache_store.errors import CacheUnavailableError, EmbedderMismatchError, EntryTooLargeError
             from ..chai_attention.cache_io import write_trace
 
             stored = False
             try:
                 stored, line = write_trace(cache, entities, trace)
-            except (EmbedderMismatchError, EntryTooLargeError) as exc:
-                # The video is fine; only this cache cannot take the entry. Say so instead of failing the run.
+            except (EmbedderMismatchError, EntryTooLargeError, CacheUnavailableError) as exc:
+                # The video is fine; only this cache cannot take the entry (or its server is restarting). Say so
+                # instead of failing the run.
                 line = f"not stored: {exc}"
                 log.warning("[CHAI] cache write skipped: %s", exc)
-            stats = cache.store.stats()
-        report = (f"CHAI cache write: {line}\ncache: {stats.entries} entries, {stats.bytes / 1e6:.2f} of "
-                  f"{stats.budget_bytes / 1e6:.0f} MB")
+            try:
+                stats = cache.store.stats()
+            except CacheUnavailableError:
+                stats = None
+        size = (f"cache: {stats.entries} entries, {stats.bytes / 1e6:.2f} of {stats.budget_bytes / 1e6:.0f} MB"
+                if stats is not None else "cache: its server cannot be reached now")
+        report = f"CHAI cache write: {line}\n{size}"
         log.info("[CHAI] write: %s", line)
         from ..chai_attention.status import write_status
 
-        return io.NodeOutput(report, ui=show(write_status(stored, line, stats.entries), report))
+        entries = stats.entries if stats is not None else 0
+        return io.NodeOutput(report, ui=show(write_status(stored, line, entries), report))
 
 
 class PromptList(io.ComfyNode):

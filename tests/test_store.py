@@ -1,4 +1,6 @@
-"""Store semantics: insert, lookup, budget, eviction policies, persistence, embedder and shape guards."""
+"""Store semantics: insert, lookup, budget, eviction policies, persistence, embedder and shape guards.
+
+Tests taking `opener` run on both backends (a cache folder, and a cache on a PostgreSQL server)."""
 from __future__ import annotations
 
 import errno
@@ -17,6 +19,7 @@ from comfyui_chai.cache_store.errors import (CacheNameError, CacheWriteError, Em
 from comfyui_chai.cache_store.naming import cache_dir
 from comfyui_chai.cache_store.index_sync import IndexKeeper
 from comfyui_chai.cache_store.store import CacheStore, NothingToStoreError
+from store_backends import stored_blobs, total_counter
 from store_helpers import SIGMAS, ents, latents
 
 FP = "model-a"
@@ -30,8 +33,8 @@ def entry_bytes(tmp_path) -> int:
 
 
 @pytest.fixture
-def store(tmp_path):
-    s = CacheStore(tmp_path / "c", StoreConfig(budget_from_gb(1.0)))
+def store(opener):
+    s = opener("c", StoreConfig(budget_from_gb(1.0)))
     yield s
     s.close()
 
@@ -48,6 +51,13 @@ def test_hit_reports_matched_entity_donor_prompt_and_latents(store):
     assert torch.equal(res.latents["step3"], lt["step3"])
     assert res.entry.sigmas == tuple(SIGMAS)
     assert "red ball" in res.report() and "a red ball on a beach" in res.report()
+
+
+def test_both_backends_implement_the_store_interface(store):
+    from comfyui_chai.cache_store.backend import CacheBackend
+
+    assert isinstance(store, CacheBackend)
+    assert store.generation == 0 and store.budget_bytes == budget_from_gb(1.0)
 
 
 def test_misses_say_why(store):
@@ -74,9 +84,9 @@ def test_most_matched_entities_wins_then_summed_similarity(store):
     assert store.lookup(ents("brown dog"), FP, SHAPE, THR).entry.id == exact
 
 
-def test_popular_entity_cannot_crowd_out_best_entry(tmp_path, monkeypatch):
+def test_popular_entity_cannot_crowd_out_best_entry(opener, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # durability is not what this test is about
-    with CacheStore(tmp_path / "c", StoreConfig(10**9)) as s:
+    with opener("c", StoreConfig(10**9)) as s:
         for i in range(60):
             s.insert(f"dog {i}", ents("dog", f"thing{i}"), FP, latents(i), SIGMAS)
         target = s.insert("dog in forest", ents("dog", "forest"), FP, latents(99), SIGMAS).entry_id
@@ -89,12 +99,12 @@ def test_popular_entity_cannot_crowd_out_best_entry(tmp_path, monkeypatch):
 
 def test_hit_refreshes_recency_and_counts(store):
     a = store.insert("a dog", ents("dog"), FP, latents(), SIGMAS).entry_id
-    before = store.manifest.entry(a)
+    before = store.entry(a)
     store.lookup(ents("dog"), FP, SHAPE, THR)
-    after = store.manifest.entry(a)
+    after = store.entry(a)
     assert after.hits == before.hits + 1 and after.last_used >= before.last_used
     store.lookup(ents("dog"), FP, SHAPE, THR, touch=False)
-    assert store.manifest.entry(a).hits == after.hits
+    assert store.entry(a).hits == after.hits
 
 
 def _budget_for(tmp_path, n_entries: int) -> int:
@@ -102,8 +112,8 @@ def _budget_for(tmp_path, n_entries: int) -> int:
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
-def test_eviction_order(tmp_path, policy):
-    with CacheStore(tmp_path / policy, StoreConfig(_budget_for(tmp_path, 3), policy)) as s:
+def test_eviction_order(opener, tmp_path, policy):
+    with opener(policy, StoreConfig(_budget_for(tmp_path, 3), policy)) as s:
         a = s.insert("a", ents("apple"), FP, latents(1), SIGMAS).entry_id
         b = s.insert("b", ents("boat"), FP, latents(2), SIGMAS).entry_id
         c = s.insert("c", ents("cat"), FP, latents(3), SIGMAS).entry_id
@@ -118,46 +128,46 @@ def test_eviction_order(tmp_path, policy):
         assert left == ({b, c, d.entry_id} if policy == "lru" else {a, b, d.entry_id})
 
 
-def test_eviction_removes_latents_postings_and_orphan_entity_vectors(tmp_path):
-    with CacheStore(tmp_path / "c", StoreConfig(_budget_for(tmp_path, 2))) as s:
+def test_eviction_removes_latents_postings_and_orphan_entity_vectors(opener, tmp_path):
+    with opener("c", StoreConfig(_budget_for(tmp_path, 2))) as s:
         first = s.insert("a", ents("apple", "dog"), FP, latents(1), SIGMAS)
         s.insert("b", ents("dog"), FP, latents(2), SIGMAS)
         s.insert("c", ents("cat"), FP, latents(3), SIGMAS)
         assert first.entry_id not in {e.id for e in s.entries()}
-        texts = {r[0] for r in s.manifest.query("SELECT text FROM entities")}
+        texts = {r[0] for r in s.db.query("SELECT text FROM entities")}
         assert texts == {"dog", "cat"}                 # apple's vector went with its last entry
         assert len(s._index) == 2
         assert not s.lookup(ents("apple"), FP, SHAPE, 0.99).hit
-        assert len(list(s.latent_dir.glob("*.safetensors"))) == 2
-        assert s.manifest.query("SELECT COUNT(*) FROM postings WHERE entry_id=?", (first.entry_id,))[0][0] == 0
+        assert stored_blobs(s) == 2
+        assert s.db.query("SELECT COUNT(*) FROM postings WHERE entry_id=?", (first.entry_id,))[0][0] == 0
 
 
-def test_budget_never_exceeded_across_random_inserts(tmp_path, monkeypatch):
+def test_budget_never_exceeded_across_random_inserts(opener, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: None)  # durability is tested elsewhere; keep this fast
     rng = random.Random(7)
     words = [f"w{i}" for i in range(40)]
     size = entry_bytes(tmp_path)
     budget = size * 25 + size // 2
-    with CacheStore(tmp_path / "c", StoreConfig(budget, rng.choice(["lru", "lfu"]))) as s:
-        for i in range(1500):
+    with opener("c", StoreConfig(budget, rng.choice(["lru", "lfu"]))) as s:
+        for i in range(1500 if opener.kind == "folder" else 500):
             if rng.random() < 0.3:
                 s.lookup(ents(rng.choice(words)), FP, SHAPE, THR)
                 continue
             shape = rng.choice([SHAPE, (1, 4, 3, 4, 4)])
             s.insert(f"p{i}", ents(*rng.sample(words, rng.randint(1, 4))), FP, latents(i, shape), SIGMAS)
-            total = s.manifest.query("SELECT SUM(nbytes) FROM entries")[0][0]
+            total = s.db.query("SELECT SUM(nbytes) FROM entries")[0][0]
             assert total <= budget
-            assert int(s.manifest.meta("total_bytes")) == total   # the counter inserts rely on
+            assert total_counter(s) == total   # the counter inserts rely on
             if i % 100 == 0:
-                n = s.manifest.query("SELECT COUNT(*) FROM entries")[0][0]
-                assert len(list(s.latent_dir.glob("*.safetensors"))) == n
-                live = s.manifest.query("SELECT COUNT(DISTINCT entity_id) FROM postings")[0][0]
+                n = s.db.query("SELECT COUNT(*) FROM entries")[0][0]
+                assert stored_blobs(s) == n
+                live = s.db.query("SELECT COUNT(DISTINCT entity_id) FROM postings")[0][0]
                 assert s.stats().entities == live == len(s._index)
         assert s.verify().ok
 
 
-def test_entry_larger_than_budget_is_refused(tmp_path):
-    with CacheStore(tmp_path / "c", StoreConfig(1000)) as s:
+def test_entry_larger_than_budget_is_refused(opener):
+    with opener("c", StoreConfig(1000)) as s:
         with pytest.raises(EntryTooLargeError, match="raise the budget"):
             s.insert("big", ents("dog"), FP, latents(), SIGMAS)
         assert s.stats().entries == 0
@@ -181,7 +191,8 @@ def test_cache_built_with_one_embedder_refuses_another(store):
         store.insert("a cat", ents("cat", embedder="other@2"), FP, latents(), SIGMAS)
 
 
-def test_disk_full_leaves_cache_unchanged(store, monkeypatch):
+def test_disk_full_leaves_cache_unchanged(tmp_path, monkeypatch):
+    store = CacheStore(tmp_path / "c", StoreConfig(budget_from_gb(1.0)))
     store.insert("a dog", ents("dog"), FP, latents(), SIGMAS)
     real_open = open
 
@@ -197,6 +208,7 @@ def test_disk_full_leaves_cache_unchanged(store, monkeypatch):
     assert store.stats().entries == 1
     assert [p.name for p in store.latent_dir.iterdir()] == [store.entries()[0].file]
     assert store.lookup(ents("dog"), FP, SHAPE, THR).hit
+    store.close()
 
 
 def test_persistence_across_reopen_uses_saved_index(tmp_path, monkeypatch):
@@ -217,10 +229,9 @@ def test_persistence_across_reopen_uses_saved_index(tmp_path, monkeypatch):
         assert res.hit and res.entry.prompt == "p3" and res.entry.hits == 2
 
 
-def test_two_handles_see_each_others_writes_and_evictions(tmp_path):
-    root = tmp_path / "c"
+def test_two_handles_see_each_others_writes_and_evictions(opener, tmp_path):
     budget = _budget_for(tmp_path, 2)
-    a, b = CacheStore(root, StoreConfig(budget)), CacheStore(root, StoreConfig(budget))
+    a, b = opener("c", StoreConfig(budget)), opener("c", StoreConfig(budget))
     try:
         first = a.insert("a dog", ents("dog"), FP, latents(1), SIGMAS).entry_id
         assert b.lookup(ents("dog"), FP, SHAPE, THR).entry.id == first
@@ -244,7 +255,7 @@ def test_clear_and_prune(store, tmp_path):
     assert store.clear() == 2
     stats = store.stats()
     assert stats.entries == 0 and stats.entities == 0 and stats.embedder is None
-    assert not any(store.latent_dir.iterdir())
+    assert stored_blobs(store) == 0
     store.insert("again", ents("dog", embedder="other@2"), FP, latents(), SIGMAS)  # a cleared cache takes any embedder
     assert store.lookup(ents("dog", embedder="other@2"), FP, SHAPE, THR).hit
 

@@ -1,4 +1,5 @@
-"""The store keeps each entity's role and identity, applies the hit rule, and upgrades v1 caches in place."""
+"""The store keeps each entity's role and identity, applies the hit rule (on both backends), and upgrades v1 caches in
+place."""
 from __future__ import annotations
 
 import sqlite3
@@ -18,8 +19,8 @@ def embedded(*entities: Entity) -> EmbeddedEntities:
     return EmbeddedEntities(entities, np.stack([vector(e.core or e.head) for e in entities]), EMBEDDER)
 
 
-def test_a_match_of_secondary_elements_is_a_miss_that_says_why(tmp_path):
-    with CacheStore(tmp_path / "c", StoreConfig(10**9)) as s:
+def test_a_match_of_secondary_elements_is_a_miss_that_says_why(opener):
+    with opener("c", StoreConfig(10**9)) as s:
         s.insert("a man playing guitar on stage", embedded(
             Entity("man playing guitar", "object", "man", "main", "man playing guitar"),
             Entity("guitar", "object", "guitar", "secondary"), Entity("stage", "scene", "stage", "scene")),
@@ -32,8 +33,8 @@ def test_a_match_of_secondary_elements_is_a_miss_that_says_why(tmp_path):
         assert not own_secondary.hit
 
 
-def test_a_noun_compounded_on_one_side_names_another_thing(tmp_path):
-    with CacheStore(tmp_path / "c", StoreConfig(10**9)) as s:
+def test_a_noun_compounded_on_one_side_names_another_thing(opener):
+    with opener("c", StoreConfig(10**9)) as s:
         s.insert("a lion", embedded(Entity("lion", "object", "lion", "main")), FP, latents(1), SIGMAS)
         s.insert("sizzling sausages", embedded(Entity("sizzling sausage", "object", "sausage", "main")), FP,
                  latents(2), SIGMAS)

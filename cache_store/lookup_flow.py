@@ -1,0 +1,107 @@
+"""One lookup, the same for every backend: index search, the hit rule, ranking over postings, loading the donor.
+
+A backend supplies its entity index (an IndexKeeper), a `db` the ranking queries run on, and how to read,
+touch and set aside an entry; everything that decides a hit or names a miss is here, once.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol, Sequence
+
+from . import ranking
+from .errors import CacheEntryError
+from .hit_rule import HitRule
+from .index_sync import IndexKeeper
+from .manifest import shape_key
+from .roles import ROLES
+from .types import EmbeddedEntities, EntryInfo, LookupResult
+
+log = logging.getLogger(__name__)
+
+
+class LookupSource(Protocol):
+    """What a backend offers the lookup."""
+
+    keeper: IndexKeeper
+
+    @property
+    def db(self) -> Any:
+        """The object ranking queries run on (`query(sql, params)` with '?' placeholders, `PINNED_JOIN`)."""
+
+    def stored_embedder(self) -> str | None:
+        """The embedder the cache's vectors come from (None while empty)."""
+
+    def entry(self, entry_id: int) -> EntryInfo | None:
+        """One entry, or None (gone or malformed)."""
+
+    def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
+        """An entry's verified tensors; CacheEntryError when they cannot serve."""
+
+    def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
+        """Refresh recency if possible; the entry as it is now."""
+
+    def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
+        """Remove entries that failed to load (and keep their bytes for inspection where the backend can)."""
+
+
+def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int],
+           threshold: float, touch: bool = True, load: bool = True) -> LookupResult:
+    """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if len(entities) == 0:
+        return LookupResult(False, "the prompt has no entities to match", timings=timings)
+    stored = src.stored_embedder()
+    if stored is None:
+        return LookupResult(False, "the cache is empty", timings=timings)
+    if stored != entities.embedder:
+        return LookupResult(False, f"the cache was built with embedder {stored!r}, this lookup used "
+                                   f"{entities.embedder!r}; use the same embedder or another cache name",
+                            timings=timings)
+    src.keeper.sync()
+    found = src.keeper.query(entities.vectors, ranking.NEIGHBOURS)
+    if found is None:
+        return LookupResult(False, "the cache is empty", timings=timings)
+    labels, sims = found
+    timings["index"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    db = src.db
+    matched = [(q, int(lab), float(sim)) for q in range(len(entities))
+               for lab, sim in zip(labels[q], sims[q]) if lab >= 0 and sim >= threshold]
+    if not matched:
+        timings["select"] = time.perf_counter() - t1
+        return LookupResult(False, ranking.no_match_reason(db, entities, labels, sims, threshold), timings=timings)
+    rule = HitRule(threshold)
+    carried = ranking.borrowable(db, entities, matched, rule)
+    candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles) if carried else []
+    timings["select"] = time.perf_counter() - t1
+    if not candidates:
+        if not ranking.rank(db, matched, fingerprint, shape_key(shape), frozenset(ROLES)):
+            return LookupResult(False, ranking.incompatible_reason(db, matched, fingerprint, shape), timings=timings)
+        return LookupResult(False, ranking.secondary_reason(db, entities, matched), timings=timings)
+    t2 = time.perf_counter()
+    damaged: list[tuple[EntryInfo | int, str]] = []
+    for entry_id in candidates:
+        entry = src.entry(entry_id)
+        if entry is None:
+            damaged.append((entry_id, "its manifest row is malformed"))
+            continue
+        tensors = None
+        if load:
+            try:
+                tensors = src.read_entry(entry)
+            except CacheEntryError as exc:
+                log.warning("[CHAI] skipping cache entry %d: %s", entry_id, exc)
+                damaged.append((entry, str(exc)))
+                continue
+        if touch:
+            entry = src.touch_best_effort(entry)
+        timings["load"] = time.perf_counter() - t2
+        src.set_aside(damaged)
+        return LookupResult(True, "shared entities", entry=entry, latents=tensors, timings=timings,
+                            matches=ranking.matches_for(db, entry_id, entities, carried))
+    src.set_aside(damaged)
+    timings["load"] = time.perf_counter() - t2
+    return LookupResult(False, "the matching entries were unreadable (damaged files); they were set aside",
+                        timings=timings)

@@ -1,0 +1,184 @@
+"""One connection to the cache's PostgreSQL server: transactions, errors that say what to do, reconnects.
+
+psycopg 3 is imported only when a server is used. Every server error becomes a CacheError whose message
+names the server without its password: CacheUnavailableError when the server cannot be reached (down,
+restarting, refused credentials), ManifestError otherwise. A broken connection is dropped and the next call
+connects again, so a server restart costs the calls made while it was down, nothing more.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from urllib.parse import quote
+from typing import Any, Iterator, Sequence
+
+from .errors import CacheError, CacheUnavailableError, ManifestError
+from .server_url import ServerURL, redact
+
+INSTALL_HINT = ("the PostgreSQL cache backend needs psycopg 3: run `python -m pip install 'psycopg[binary]>=3.1'` "
+                "with ComfyUI's Python, then restart ComfyUI")
+
+
+def driver() -> Any:
+    """The psycopg module, or a CacheError that says how to install it."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise CacheError(INSTALL_HINT) from exc
+    return psycopg
+
+
+def _advice(text: str) -> tuple[str, bool]:
+    """What to do about a connection failure, and whether it may pass by itself (a server restarting)."""
+    low = text.lower()
+    if "ssl" in low or "certificate" in low or "encryption" in low:
+        return ("check the TLS settings in the URL (sslmode, sslrootcert, sslcert, sslkey) against the server's",
+                False)
+    if "pg_hba" in low:
+        return ("the server's pg_hba.conf does not admit this user, host and database: ask its administrator",
+                False)
+    if "password" in low or "authentication" in low or ("role" in low and "does not exist" in low):
+        return ("check the credentials: the password comes from the URL in CHAI_CACHE_URL / CHAI_CACHE_URL_FILE, "
+                "PGPASSWORD or ~/.pgpass", False)
+    if "does not exist" in low and "database" in low:
+        return "create the database on the server (createdb) or fix the database name in the URL", False
+    if "invalid" in low:
+        return "fix the connection URL's options", False
+    return "lookups are misses and nothing is stored until it is reachable again", True
+
+
+IDLE_IN_TRANSACTION = "60s"
+
+
+class PgDb:
+    """A lazily (re)connected psycopg connection whose search_path is one cache's schema."""
+
+    PINNED_JOIN = "JOIN"  # ranking.rank: PostgreSQL plans the join order itself
+
+    def __init__(self, server: ServerURL, schema: str) -> None:
+        self.server = server
+        self.schema = schema
+        self._conn: Any = None
+        self._lock = threading.RLock()
+        self.psycopg = driver()
+
+    # ------------------------------------------------------------------ errors
+    def _message(self, exc: BaseException) -> str:
+        password = self.server.password
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return redact(first, password, quote(password, safe="") if password else None)
+
+    def unavailable(self, exc: BaseException) -> CacheUnavailableError:
+        """The error for a server that cannot be reached, naming it without its password."""
+        text = self._message(exc)
+        advice, transient = _advice(text)
+        return CacheUnavailableError(f"the cache server {self.server.label} is unreachable ({text}); {advice}",
+                                     transient)
+
+    def _translate(self, exc: BaseException) -> CacheError:
+        pg = self.psycopg
+        if isinstance(exc, (pg.OperationalError, pg.InterfaceError)) and not isinstance(
+                exc, pg.errors.QueryCanceled):
+            self._drop()
+            return self.unavailable(exc)
+        if isinstance(exc, pg.errors.InsufficientPrivilege):
+            return ManifestError(f"the cache server {self.server.label} refused: {self._message(exc)}; grant this "
+                                 "role CREATE on the database (or have an administrator create the cache schema)")
+        return ManifestError(f"the cache server {self.server.label} reported: {self._message(exc)}; "
+                             "run `python -m comfyui_chai.cache_store --url ... --name <name> verify`")
+
+    # ------------------------------------------------------------------ connection
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection may raise anything; it is gone either way
+                pass
+
+    def connection(self) -> Any:
+        """The open connection (connecting if needed)."""
+        with self._lock:
+            if self._conn is not None and not self._conn.closed and not self._conn.broken:
+                return self._conn
+            self._drop()
+            pg = self.psycopg
+            try:
+                conn = pg.connect(self.server.connect_url(), autocommit=True, application_name="comfyui-chai")
+                conn.execute(pg.sql.SQL("SET search_path TO {}").format(pg.sql.Identifier(self.schema)))
+                # A worker machine that vanishes inside a transaction would hold the state lock until TCP gives
+                # up (hours): the server ends such a session after this long instead.
+                conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'")
+                # Single statements (a hit's recency update) commit without waiting for the server's disk; every
+                # write transaction turns the wait back on (write()), so what insert returns is durable.
+                conn.execute("SET synchronous_commit = off")
+            except pg.Error as exc:
+                raise self._translate(exc) from None
+            self._conn = conn
+            return conn
+
+    def ping(self) -> None:
+        """Make sure the connection works before a write (a stale one after a server restart is replaced)."""
+        with self._lock:
+            pg = self.psycopg
+            for attempt in (0, 1):
+                conn = self.connection()
+                try:
+                    conn.execute("SELECT 1")
+                    return
+                except (pg.OperationalError, pg.InterfaceError) as exc:
+                    self._drop()
+                    if attempt:
+                        raise self.unavailable(exc) from None
+
+    @contextlib.contextmanager
+    def transaction(self, readonly: bool = False, snapshot: bool = False, binary: bool = False) -> Iterator[Any]:
+        """A transaction's cursor; committed on success, rolled back on error. `snapshot`: one consistent view
+        (REPEATABLE READ) for reads that span several statements; `binary`: bytea arrives as raw bytes."""
+        with self._lock:
+            conn = self.connection()
+            pg = self.psycopg
+            try:
+                conn.isolation_level = pg.IsolationLevel.REPEATABLE_READ if snapshot else None
+                conn.read_only = True if readonly else None
+                with conn.transaction():
+                    yield conn.cursor(binary=binary)
+            except pg.Error as exc:
+                raise self._translate(exc) from None
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Any]:
+        """A durable read-write transaction (after a ping, so a stale connection is replaced first): its commit
+        returns once the server has it on disk."""
+        self.ping()
+        with self.transaction() as cur:
+            cur.execute("SET LOCAL synchronous_commit = on")
+            yield cur
+
+    def read(self) -> contextlib.AbstractContextManager[Any]:
+        """A read-only snapshot transaction."""
+        return self.transaction(readonly=True, snapshot=True)
+
+    def query(self, sql: str, params: Sequence[Any] = (), binary: bool = False) -> list[tuple]:
+        """One statement (autocommit, not waiting for the disk: reads and recency updates only) with '?'
+        placeholders, as the ranking writes them for SQLite too; retried once on a fresh connection when the old
+        one broke (a server restart since the last call)."""
+        text = sql.replace("%", "%%").replace("?", "%s")
+        pg = self.psycopg
+        with self._lock:
+            for attempt in (0, 1):
+                conn = self.connection()
+                try:
+                    return conn.cursor(binary=binary).execute(text, list(params)).fetchall()
+                except (pg.OperationalError, pg.InterfaceError) as exc:
+                    self._drop()
+                    if attempt:
+                        raise self.unavailable(exc) from None
+                except pg.Error as exc:
+                    raise self._translate(exc) from None
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._drop()

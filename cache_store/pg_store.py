@@ -1,0 +1,331 @@
+"""A named cache on a PostgreSQL server, shared by every worker of a render farm (a CacheBackend).
+
+The server is the source of truth: entries, entity texts and vectors, postings, byte accounting, recency and
+use counts, and a monotonic change log of entity additions and deletions; the latent bytes too (bytea, the
+same self-describing safetensors bytes a cache folder keeps in files, checksummed). Each worker keeps its own
+entity index (hnswlib once large), caught up from the change log before every lookup and saved in a local
+folder, so a restart replays only what changed. See pg_rows for how writers serialise.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from filelock import FileLock, Timeout
+
+from . import latents as lat
+from . import lookup_flow, pg_maintenance, pg_schema
+from .config import StoreConfig
+from .errors import CacheEntryError, CacheError, CacheUnavailableError, InvalidEntryError
+from .index_sync import IndexKeeper
+from .naming import validate_cache_name
+from .pg_db import PgDb
+from .pg_read import ENTRY_SQL, PgChangeLog, entry_from_row
+from .pg_rows import State, check_embedder, delete_entries, insert_entry, victims
+from .prepare import check_fits, prepare_entry
+from .server_url import ServerURL
+from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
+from .validate import check_latents
+
+log = logging.getLogger(__name__)
+
+SAVE_INDEX_EVERY = 1000     # as the folder backend: logged changes before the local index is saved again ...
+SAVE_INDEX_INTERVAL = 300.0  # ... at most every 5 minutes
+INDEX_FOLDER = ".server-index"  # under the local cache root: <schema>-<instance>/ per cache and server
+
+
+class PgCacheStore:
+    """A budgeted, entity-indexed store of donor latents on a PostgreSQL server (a CacheBackend)."""
+
+    def __init__(self, server: ServerURL, name: str, config: StoreConfig | None = None, *,
+                 index_root: str | os.PathLike | None = None, index_kwargs: Mapping[str, Any] | None = None) -> None:
+        self.server = server
+        self.name = validate_cache_name(name)
+        self.config = config or StoreConfig()
+        self.schema = pg_schema.schema_name(self.name)
+        self.root = f"{server.label}/{self.name}"  # what reports print (no password, no options)
+        self.db = PgDb(server, self.schema)
+        self._warned_touch = False
+        self._index_root = Path(index_root) if index_root is not None else Path.home() / ".cache" / "chai-cache"
+        self._index_kwargs = dict(index_kwargs or {})
+        self.keeper: IndexKeeper = None  # type: ignore[assignment]  # set by _open
+        self.warnings: list[str] = []
+        try:
+            self._open()
+        except CacheUnavailableError as exc:
+            if not exc.transient:
+                self.db.close()
+                raise
+            # A server restarting as this worker starts: lookups are misses until it answers, then it opens.
+            log.warning("[CHAI] cache %s: %s; it opens on first use once the server answers", self.root, exc)
+            self.warnings.append(str(exc))
+
+    def _open(self) -> None:
+        """Create or migrate the cache's schema, store the opener's settings, load this worker's index."""
+        if self.keeper is not None:
+            return
+        with self.db.write() as cur:
+            done = pg_schema.ensure(cur, self.db.psycopg.sql, self.schema, self.name, self.config.budget_bytes,
+                                    self.config.policy)
+            self._apply_settings(cur)
+        if done:
+            log.info("[CHAI] cache %s: schema %s %s", self.root, self.schema, done)
+        instance = str(self.db.query("SELECT instance FROM state")[0][0])[:12]
+        self.index_dir = self._index_root / INDEX_FOLDER / f"{self.schema}-{instance}"
+        self._index_lock = FileLock(str(self._index_root / INDEX_FOLDER / f".{self.schema}-{instance}.lock"),
+                                    timeout=60)
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        keeper = IndexKeeper(PgChangeLog(self.db), self.index_dir, self._index_kwargs)
+        with self._index_lock:
+            keeper.load()
+            if keeper.unsaved >= SAVE_INDEX_EVERY:  # a large rebuild is slow: persist it at once
+                keeper.save()
+        self.keeper = keeper
+
+    # ------------------------------------------------------------------ settings that belong to the cache
+    def _apply_settings(self, cur: Any) -> None:
+        """Store the opener's explicit budget/policy (logged when it changes)."""
+        if self.config.budget_bytes is None and self.config.policy is None:
+            return
+        state = State.lock(cur)
+        for key, asked in (("budget_bytes", self.config.budget_bytes), ("policy", self.config.policy)):
+            current = getattr(state, key)
+            if asked is not None and asked != current:
+                setattr(state, key, asked)
+                log.warning("[CHAI] cache %s: %s changed from %s to %s by this open", self.root, key, current, asked)
+        state.save(cur)
+
+    def _settings(self) -> tuple[int, str]:
+        self._open()
+        budget, policy = self.db.query("SELECT budget_bytes, policy FROM state")[0]
+        return int(budget), str(policy)
+
+    @property
+    def budget_bytes(self) -> int:
+        """The cache's budget for latent bytes, as stored on the server."""
+        return self._settings()[0]
+
+    @property
+    def policy(self) -> str:
+        """The cache's eviction policy, as stored on the server."""
+        return self._settings()[1]
+
+    def set_budget(self, budget_bytes: int) -> None:
+        """Change the cache's budget (logged); the next insert or prune enforces it."""
+        self._open()
+        StoreConfig(budget_bytes=budget_bytes)
+        with self.db.write() as cur:
+            state = State.lock(cur)
+            old, state.budget_bytes = state.budget_bytes, int(budget_bytes)
+            state.save(cur)
+        if old != budget_bytes:
+            log.warning("[CHAI] cache %s: budget_bytes changed from %s to %d", self.root, old, budget_bytes)
+
+    # ------------------------------------------------------------------ writing
+    def insert(self, prompt: str, entities: EmbeddedEntities, fingerprint: str, latents: Mapping[str, Any],
+               sigmas: Sequence[float], shape: Sequence[int] | None = None,
+               meta: Mapping[str, Any] | None = None) -> InsertResult:
+        """Validate and store a full run's donor latents in one transaction, evicting so the budget holds."""
+        self._open()
+        record, data = prepare_entry(prompt, entities, fingerprint, latents, sigmas, shape, meta)
+        check_fits(len(data), self.budget_bytes)
+        digest = lat.checksum(data)
+        with self.db.write() as cur:
+            cur.execute("SELECT nextval(pg_get_serial_sequence('entries', 'id'))")
+            entry_id = int(cur.fetchone()[0])
+            # The bytes go first, before the state lock: other writers wait only for the metadata below.
+            cur.execute("INSERT INTO blobs (entry_id, data) VALUES (%s, %s)", (entry_id, data))
+            state = State.lock(cur)
+            check_fits(len(data), state.budget_bytes)
+            check_embedder(state, record)
+            chosen = victims(cur, state.total_bytes + len(data) - state.budget_bytes, state.policy)
+            evicted = delete_entries(cur, state, chosen)
+            insert_entry(cur, state, record, entry_id, len(data), digest)
+            state.save(cur)
+        self._sync_index()
+        return InsertResult(entry_id=entry_id, nbytes=len(data), evicted=tuple(evicted))
+
+    def _sync_index(self) -> None:
+        self.keeper.sync()
+        if (self.keeper.unsaved >= SAVE_INDEX_EVERY
+                and time.monotonic() - self.keeper.last_save >= SAVE_INDEX_INTERVAL):
+            self._save_index()
+
+    def _save_index(self) -> None:
+        try:
+            with self._index_lock:
+                self.keeper.save()
+        except (Timeout, OSError, CacheError) as exc:
+            log.warning("[CHAI] could not save the local entity index of %s: %s", self.root, exc)
+
+    # ------------------------------------------------------------------ reading (what lookup_flow uses)
+    @property
+    def generation(self) -> int:
+        """Changes whenever entries are added, evicted or cleared (by any worker)."""
+        self._open()
+        return int(self.db.query("SELECT generation FROM state")[0][0])
+
+    @property
+    def _index(self) -> Any:
+        return self.keeper.index if self.keeper is not None else None
+
+    def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], threshold: float,
+               touch: bool = True, load: bool = True) -> LookupResult:
+        """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
+        self._open()
+        return lookup_flow.lookup(self, entities, fingerprint, shape, threshold, touch=touch, load=load)
+
+    def stored_embedder(self) -> str | None:
+        """The embedder of the cache's vectors (None while empty)."""
+        return self.db.query("SELECT embedder FROM state")[0][0]
+
+    def entry(self, entry_id: int) -> EntryInfo | None:
+        """One entry, or None."""
+        self._open()
+        rows = self.db.query(ENTRY_SQL + " WHERE e.id = ?", (int(entry_id),))
+        return entry_from_row(rows[0]) if rows else None
+
+    def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
+        """An entry's tensors: checksum verified, finite, of the entry's shape and dtype."""
+        rows = self.db.query("SELECT b.data, e.checksum FROM blobs b JOIN entries e ON e.id = b.entry_id "
+                             "WHERE b.entry_id = ?", (entry.id,), binary=True)
+        row = rows[0] if rows else None
+        if row is None:
+            raise CacheEntryError(f"cache entry {entry.id} has no latent bytes on the server (evicted meanwhile?)")
+        tensors = lat.tensors_verified(bytes(row[0]), row[1], f"the latents of entry {entry.id}")
+        try:
+            _, dtype = check_latents(tensors, entry.shape)
+        except InvalidEntryError as exc:
+            raise CacheEntryError(f"the latents of entry {entry.id}: {exc}") from exc
+        if dtype != entry.dtype:
+            raise CacheEntryError(f"the latents of entry {entry.id} are {dtype}, the row says {entry.dtype}")
+        return tensors
+
+    def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
+        """Refresh recency; if the server refuses, serve the hit anyway and warn once."""
+        try:
+            row = self._touch(entry.id, True)
+            return replace(entry, last_used=float(row[0]), hits=int(row[1])) if row else entry
+        except CacheError as exc:
+            if not self._warned_touch:
+                log.warning("[CHAI] cache %s: could not record a hit's recency (%s); hits are still served",
+                            self.root, exc)
+                self._warned_touch = True
+            return entry
+
+    def touch(self, entry_id: int, count_hit: bool = True) -> None:
+        """Refresh an entry's recency (and its use count for LFU); no lock beyond the entry's row."""
+        self._open()
+        self._touch(entry_id, count_hit)
+
+    def _touch(self, entry_id: int, count_hit: bool) -> tuple | None:
+        # Recency is a hint, not a promise: this commit does not wait for the server's disk (a crash may forget
+        # the last few hits; nothing else), which keeps a WAL flush off every hit.
+        rows = self.db.query("UPDATE entries SET last_used = ?, use_tick = nextval('ticks'), hits = hits + ? "
+                             "WHERE id = ? RETURNING last_used, hits", (time.time(), int(count_hit), int(entry_id)))
+        return rows[0] if rows else None
+
+    def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
+        """Move entries whose latents failed to load to the quarantine table (bytes kept) and drop them."""
+        if damaged:
+            pg_maintenance.set_aside(self, [(item if isinstance(item, int) else item.id, reason)
+                                            for item, reason in damaged])
+
+    def load_latents(self, entry_id: int) -> tuple[dict[str, Any], list[float]]:
+        """An entry's tensors (checksum verified) and the sigmas they were captured at."""
+        self._open()
+        entry = self.entry(entry_id)
+        if entry is None:
+            raise CacheEntryError(f"cache entry {entry_id} does not exist (evicted?)")
+        return self.read_entry(entry), list(entry.sigmas)
+
+    # ------------------------------------------------------------------ management
+    def stats(self) -> StoreStats:
+        """Counts, sizes and settings."""
+        self._open()
+        with self.db.read() as cur:
+            cur.execute("SELECT COUNT(*), COALESCE(SUM(nbytes), 0), COALESCE(SUM(hits), 0) FROM entries")
+            n, total, hits = cur.fetchone()
+            cur.execute("SELECT COUNT(*) FROM entities")
+            n_ent = cur.fetchone()[0]
+            cur.execute("SELECT budget_bytes, policy, embedder, generation FROM state")
+            budget, policy, embedder, generation = cur.fetchone()
+            cur.execute("SELECT MAX(version) FROM schema_version")
+            version = cur.fetchone()[0]
+        index = self.keeper.index
+        return StoreStats(root=self.root, entries=int(n), entities=int(n_ent), bytes=int(total),
+                          budget_bytes=int(budget), policy=policy, embedder=embedder, generation=int(generation),
+                          format_version=int(version), total_hits=int(hits),
+                          index_backend=index.backend if index is not None else "empty")
+
+    def entries(self, limit: int | None = None) -> list[EntryInfo]:
+        """Entries, most recently used first."""
+        self._open()
+        rows = self.db.query(ENTRY_SQL + " ORDER BY e.use_tick DESC" + (" LIMIT ?" if limit else ""),
+                             (int(limit),) if limit else ())
+        return [e for e in (entry_from_row(r) for r in rows) if e is not None]
+
+    def prune(self, budget_bytes: int | None = None) -> list[int]:
+        """Evict by policy until the latents fit the budget; a given budget first becomes the cache's own."""
+        self._open()
+        if budget_bytes is not None:
+            self.set_budget(int(budget_bytes))
+        with self.db.write() as cur:
+            state = State.lock(cur)
+            chosen = delete_entries(cur, state, victims(cur, state.total_bytes - state.budget_bytes, state.policy))
+            state.save(cur)
+        self.keeper.sync()
+        if chosen:
+            log.info("[CHAI] pruned %d entries of %s to fit its budget", len(chosen), self.root)
+        return chosen
+
+    def clear(self) -> int:
+        """Remove every entry and entity of this cache (quarantined bytes stay); return how many entries."""
+        self._open()
+        n = pg_maintenance.clear(self)
+        with self._index_lock:
+            for old in self.index_dir.iterdir():
+                lat.remove_files(self.index_dir, [old.name])
+            self.keeper.load()
+        log.info("[CHAI] cleared %d entries of %s", n, self.root)
+        return n
+
+    def verify(self, repair: bool = False) -> VerifyReport:
+        """Every problem found, through a read-only transaction (changes nothing)."""
+        return self.repair() if repair else pg_maintenance.verify(self.db, self.name)
+
+    def repair(self) -> VerifyReport:
+        """Fix what verify finds and report every action."""
+        self._open()
+        report = pg_maintenance.repair(self)
+        with self._index_lock:
+            self.keeper.rebuild()
+            self.keeper.save()
+        report.repaired.append("rebuilt and saved this worker's entity index (other workers rebuild theirs on "
+                               "their next lookup)")
+        return report
+
+    def flush(self) -> None:
+        """Persist the local entity index now."""
+        self.keeper.sync()
+        self._save_index()
+
+    def close(self) -> None:
+        """Save the local index if it changed and close the connection."""
+        try:
+            if self.keeper is not None and self.keeper.unsaved:
+                self.flush()
+        except CacheError as exc:
+            log.warning("[CHAI] could not bring the entity index of %s up to date on close: %s", self.root, exc)
+        finally:
+            self.db.close()
+
+    def __enter__(self) -> "PgCacheStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
