@@ -131,3 +131,23 @@ def test_shipped_feature_extractor_tells_real_from_averaged_clips():
 def test_missing_feature_weights_say_how_to_rebuild(tmp_path):
     with pytest.raises(FileNotFoundError, match="train_toy_features.py"):
         feats.load(tmp_path / "absent.safetensors")
+
+
+def test_lab_rows_read_degraded_ground_truth_as_worse():
+    from comfyui_chai.toyworld.lab_report import Clip, baselines, build_cells, row
+
+    split = make_split(0, 0.1)
+    rng = np.random.default_rng(9)
+    combos = list(split.held_out[::4])[:22]
+    gt = [render(random_spec(*c, rng)) for c in combos]
+    clips = [Clip(i, ("gt", "-", 0, "-"), v, c) for i, (v, c) in enumerate(zip(gt, combos))]
+    clips += [Clip(i, ("plain", "-", 8, "-"), blur(v).astype(np.float32), c, [combos[(i + 1) % 22]])
+              for i, (v, c) in enumerate(zip(gt, combos))]
+    n = len(combos)
+    cells = build_cells(clips, {i: v for i, v in enumerate(gt)})
+    ref_set = np.stack([render(random_spec(*combos[k % n], rng)) for k in range(8 * n)])
+    base = baselines(ref_set, cells[("gt", "-", 0, "-")])
+    truth, blurred = row(cells[("gt", "-", 0, "-")], base, reps=20), row(cells[("plain", "-", 8, "-")], base, reps=20)
+    assert truth["attrs"][0] == 1.0 and truth["hf_ratio"] == pytest.approx(1.0)
+    assert blurred["hf_ratio"] < 0.6 and blurred["fd_net"][0] > 2 * truth["fd_net"][0]
+    assert 15 < blurred["psnr"] < 40 and 0 <= blurred["leak"] <= 1
