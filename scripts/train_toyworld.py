@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="processes rendering upcoming batches (same batches as 0)")
     p.add_argument("--out", required=True, help="folder for the checkpoint, the log and the exported weights")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt if it exists")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="fine-tune: start from another run's train_state.pt (its step, weights and optimizer) with "
+                        "this run's settings; the earlier settings are recorded in the weights' metadata")
     p.add_argument("--export", type=Path, default=None,
                    help="only write the EMA weights of OUT/train_state.pt to this file (no training; the run's "
                         "options must match the checkpoint's)")
@@ -100,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         trainer.load()
         print(f"step {trainer.step}: EMA weights written to {trainer.export(a.export)}")
         return 0
-    trainer.run(resume=a.resume)
+    if a.init_from is not None and not (a.resume and trainer.state_path.exists()):
+        trainer.load(a.init_from, strict=False)  # a fine-tune: weights, optimizer and step, other settings
+        trainer.save()
+        print(f"initialised from {a.init_from} at step {trainer.step}")
+    trainer.run(resume=a.resume or a.init_from is not None)
     return 0
 
 

@@ -290,6 +290,22 @@ def test_resume_continues_exactly(tmp_path):
         other.load()
 
 
+def test_a_fine_tune_starts_from_another_runs_state_and_records_its_settings(tmp_path):
+    first = Trainer(TrainConfig(out_dir=str(tmp_path / "a"), max_steps=2, **TINY))
+    first.run(echo=None)
+    tuned = Trainer(TrainConfig(out_dir=str(tmp_path / "b"), max_steps=3, timesteps="uniform", **TINY))
+    with pytest.raises(ValueError, match="other settings"):
+        tuned.load(first.state_path)
+    tuned.load(first.state_path, strict=False)
+    assert tuned.step == 2 and tuned.lineage == [{"until_step": 2, "run": first.config.run_fields()}]
+    for p, q in zip(first.model.state_dict().values(), tuned.model.state_dict().values()):
+        assert torch.equal(p, q)
+    tuned.run(echo=None)
+    assert tuned.step == 3
+    state = torch.load(tuned.state_path, weights_only=True)
+    assert state["lineage"][0]["run"]["timesteps"] == "logit_normal" and state["run"]["timesteps"] == "uniform"
+
+
 def test_exported_weights_load_with_the_opensora_loader(tmp_path):
     from comfyui_chai.opensora.loading import load_stdit3, read_checkpoint_header
 

@@ -204,6 +204,7 @@ class Trainer:
         self.video = ToyVideoSpec()
         self.step = 0
         self.train_seconds = 0.0
+        self.lineage: list[dict[str, Any]] = []  # earlier settings of a fine-tuned run, oldest first
         self.out_dir = Path(config.out_dir)
         self.batches = Prefetcher(self.split.train, config.batch_size, config.seed, self.text, 0)
 
@@ -278,19 +279,23 @@ class Trainer:
         """Write the training state atomically (default: out_dir/train_state.pt)."""
         path = Path(path or self.state_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_save({"version": 1, "run": self.config.run_fields(), "step": self.step,
+        _atomic_save({"version": 1, "run": self.config.run_fields(), "lineage": self.lineage, "step": self.step,
                       "train_seconds": self.train_seconds, "model": self.model.state_dict(),
                       "ema": self.ema.state_dict(), "optimizer": self.optimizer.state_dict()}, path)
         return path
 
-    def load(self, path: Path | None = None) -> None:
-        """Restore a training state written by `save`; its run fields must equal this config's."""
+    def load(self, path: Path | None = None, strict: bool = True) -> None:
+        """Restore a training state written by `save`; its run fields must equal this config's unless not strict
+        (a fine-tune: the other settings are kept in `lineage`, and in the exported weights' metadata)."""
         path = Path(path or self.state_path)
         state = torch.load(path, map_location=self.device, weights_only=True)
         mine, theirs = self.config.run_fields(), state.get("run", {})
         diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
-        if diff:
+        if diff and strict:
             raise ValueError(f"{path} was trained with other settings (checkpoint, now): {diff}")
+        self.lineage = list(state.get("lineage", []))
+        if diff:
+            self.lineage.append({"until_step": int(state["step"]), "run": theirs})
         self.model.load_state_dict(state["model"])
         self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -305,7 +310,7 @@ class Trainer:
                  "batch_size": self.config.batch_size, "split_seed": self.config.split_seed,
                  "held_out_fraction": self.config.held_out_fraction, "size": SIZE, "frames": FRAMES,
                  "latent_scale": LATENT_SCALE, "text_dim": TEXT_DIM, "text_tokens": TEXT_TOKENS,
-                 "shift": DEFAULT_SHIFT, "run": self.config.run_fields()}
+                 "shift": DEFAULT_SHIFT, "run": self.config.run_fields(), "lineage": self.lineage}
         save_stdit3(self.ema.cpu(), path, {"toyworld": json.dumps(facts)})
         self.ema.to(self.device)
         return path
