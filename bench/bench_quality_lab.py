@@ -36,7 +36,7 @@ from comfyui_chai.toyworld.lab import DEFAULT, LabSampler, Variant, make_lab_ite
 from comfyui_chai.toyworld.lab_plots import write_grid, write_steps_plot  # noqa: E402
 from comfyui_chai.toyworld.lab_report import Clip, baselines, build_cells, label, row, table_rows  # noqa: E402
 from comfyui_chai.toyworld.latent import decode  # noqa: E402
-from comfyui_chai.toyworld.model import load_toy_model, toy_text_encoder  # noqa: E402
+from comfyui_chai.toyworld.model import lab_weights, load_toy_model, toy_text_encoder  # noqa: E402
 from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
 from comfyui_chai.toyworld.world import random_spec, render  # noqa: E402
 
@@ -92,7 +92,8 @@ def gt_set(held_out: list, n: int, seed: int = 77) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     """Run the lab and print its tables."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--weights", type=Path, default=None, help="toy STDiT3 weights (default: the shipped ones)")
+    p.add_argument("--weights", type=Path, default=None,
+                   help="toy STDiT3 weights (default: the shipped lab model, trained on the detailed world)")
     p.add_argument("--prompts", type=int, default=None, help="held-out prompts to use (default: all)")
     p.add_argument("--quick", action="store_true", help="6 prompts, N = 8 and 4, no ablations, no files")
     p.add_argument("--steps", default="8,6,4", help="fast step counts")
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     steps = [8, 4] if a.quick else [int(s) for s in a.steps.split(",")]
     n_prompts = 6 if a.quick else a.prompts
-    model = load_toy_model(a.weights)
+    model = load_toy_model(a.weights or lab_weights())
     split = make_split(0, 0.1)
     items = make_lab_items(split.held_out, split.train, n_prompts)
     sampler = LabSampler(model, toy_text_encoder())

@@ -23,7 +23,8 @@ from .world import COLOURS, MOTIONS, OBJECTS, SCENES, random_spec, render
 
 FEATURE_DIM = 32
 HEADS = {"scene": len(SCENES), "obj": len(OBJECTS), "colour": len(COLOURS), "motion": len(MOTIONS), "real": 2}
-WEIGHTS = Path(__file__).resolve().parent / "weights" / "toyworld_features.safetensors"
+# Outside weights/: that folder is listed by the model loader nodes, and this is no diffusion model.
+WEIGHTS = Path(__file__).resolve().parent / "measure_weights" / "toyworld_features.safetensors"
 
 
 class VideoFeatures(nn.Module):

@@ -31,7 +31,7 @@ from .data import Prefetcher, step_generator
 from .latent import LATENT_SCALE
 from .model import DEFAULT_SHIFT, TEXT_DIM, TEXT_TOKENS, ToyVideoSpec, toy_config, toy_text_encoder
 from .prompts import make_split
-from .world import FRAMES, SIZE
+from .world import FRAMES, SIZE, WORLD_VERSION
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "log.jsonl"
@@ -306,7 +306,7 @@ class Trainer:
         """Write the EMA model as safetensors with the toy world's facts in the metadata."""
         path = Path(path or self.out_dir / WEIGHTS_FILE)
         path.parent.mkdir(parents=True, exist_ok=True)
-        facts = {"steps": self.step, "train_seconds": round(self.train_seconds, 1), "seed": self.config.seed,
+        facts = {"world": WORLD_VERSION, "steps": self.step, "train_seconds": round(self.train_seconds, 1), "seed": self.config.seed,
                  "batch_size": self.config.batch_size, "split_seed": self.config.split_seed,
                  "held_out_fraction": self.config.held_out_fraction, "size": SIZE, "frames": FRAMES,
                  "latent_scale": LATENT_SCALE, "text_dim": TEXT_DIM, "text_tokens": TEXT_TOKENS,

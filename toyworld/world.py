@@ -18,6 +18,7 @@ import numpy as np
 
 from .detail import backdrop
 
+WORLD_VERSION = 2  # 2: seeded detail (grain, clouds, waves, props; `detail.py`); 1: plain backgrounds
 SIZE = 16  # frame height and width in pixels
 FRAMES = 8  # frames per clip
 
