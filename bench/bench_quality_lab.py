@@ -89,38 +89,9 @@ def gt_set(held_out: list, n: int, seed: int = 77) -> np.ndarray:
     return np.stack([render(random_spec(*held_out[k % len(held_out)], rng)) for k in range(n)])
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the lab and print its tables."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--weights", type=Path, default=None,
-                   help="toy STDiT3 weights (default: the shipped lab model, trained on the detailed world)")
-    p.add_argument("--prompts", type=int, default=None, help="held-out prompts to use (default: all)")
-    p.add_argument("--quick", action="store_true", help="6 prompts, N = 8 and 4, no ablations, no files")
-    p.add_argument("--steps", default="8,6,4", help="fast step counts")
-    p.add_argument("--no-ablations", action="store_true")
-    p.add_argument("--reps", type=int, default=200, help="bootstrap resamples")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--json", type=Path, default=REPO / "docs" / "quality_lab.json")
-    p.add_argument("--png", type=Path, default=REPO / "docs" / "quality_lab.png")
-    p.add_argument("--plot", type=Path, default=REPO / "docs" / "quality_steps.png")
-    a = p.parse_args(argv)
-    torch.set_num_threads(a.threads)
-    steps = [8, 4] if a.quick else [int(s) for s in a.steps.split(",")]
-    n_prompts = 6 if a.quick else a.prompts
-    model = load_toy_model(a.weights or lab_weights())
-    split = make_split(0, 0.1)
-    items = make_lab_items(split.held_out, split.train, n_prompts)
-    sampler = LabSampler(model, toy_text_encoder())
-    t0 = time.perf_counter()
-    clips = generate(sampler, items, steps, not (a.quick or a.no_ablations), print)
-    refs = {c.item: c.video for c in clips if c.key[0] == "reference"}
-    cells = build_cells(clips, refs)
-    base = baselines(gt_set(list(split.held_out), GT_SET), cells[("gt", "-", 0, "-")])
-    plain = {n: cells[("plain", "-", n, "-")] for n in steps}
-    rows = {key: row(cell, base, plain.get(key[2]) if key[0] == "chai" else None, a.reps)
-            for key, cell in cells.items()}
-    print(f"\n{len(items)} held-out prompts, {len(clips)} clips, {time.perf_counter() - t0:.0f} s; ground-truth "
-          f"set {GT_SET} clips; intervals: 95% bootstrap over prompts ({a.reps} resamples)\n")
+def print_report(rows: dict, steps: list[int], what: str) -> None:
+    """The three tables and the verdict lines."""
+    print(f"\n{what}; ground-truth set {GT_SET} clips; intervals: 95% bootstrap over prompts\n")
     first = [("gt", "-", 0, "-"), ("reference", "-", FULL, "-")] + [("plain", "-", n, "-") for n in steps]
     print("Table 1: does the world make few steps hurt (plain sampling against ground truth)")
     print(table(*table_rows([rows[k] for k in first], with_delta=False)))
@@ -143,14 +114,65 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {label(key):32s} {verdict:14s} FD {d:+.2f} [{lo:+.2f}, {hi:+.2f}]  attrs "
               f"{100 * r['attrs'][0]:.1f}% vs {100 * ref_attrs:.1f}%  leak {leak}"
               f"{'' if ok else '  (fails the attribute / leakage bar)'}")
+
+
+def write_plot(path: Path, rows: dict, steps: list[int]) -> None:
+    """Frechet distance (learned features) against steps per condition, with the floor and the 30-step line."""
+    def points(key_of: Any) -> list[tuple[int, float, float, float]]:
+        return [(n, *([rows[key_of(n)]["fd_net"][0]] * 3)) for n in steps]
+
+    series = {"plain": points(lambda n: ("plain", "-", n, "-"))}
+    for rel in ("scene", "object", "none", "same", "fusion"):
+        series[rel] = points(lambda n, rel=rel: ("chai", rel, n, "default"))
+    write_steps_plot(path, series, rows[("gt", "-", 0, "-")]["fd_net"][0],
+                     rows[("reference", "-", FULL, "-")]["fd_net"][0],
+                     "Frechet distance (learned features) to ground truth, lower is better")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the lab and print its tables."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--weights", type=Path, default=None,
+                   help="toy STDiT3 weights (default: the shipped lab model, trained on the detailed world)")
+    p.add_argument("--prompts", type=int, default=None, help="held-out prompts to use (default: all)")
+    p.add_argument("--quick", action="store_true", help="6 prompts, N = 8 and 4, no ablations, no files")
+    p.add_argument("--steps", default="8,6,4", help="fast step counts")
+    p.add_argument("--no-ablations", action="store_true")
+    p.add_argument("--reps", type=int, default=200, help="bootstrap resamples")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=Path, default=REPO / "docs" / "quality_lab.json")
+    p.add_argument("--png", type=Path, default=REPO / "docs" / "quality_lab.png")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "quality_steps.png")
+    p.add_argument("--report", type=Path, default=None,
+                   help="print the tables (and redraw the plot) from a saved --json run instead of running")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    steps = [8, 4] if a.quick else [int(s) for s in a.steps.split(",")]
+    n_prompts = 6 if a.quick else a.prompts
+    if a.report is not None:
+        saved = json.loads(a.report.read_text(encoding="utf-8"))
+        rows = {tuple(r["key"]): r for r in saved["rows"]}
+        print_report(rows, saved["steps"], f"{saved['prompts']} held-out prompts (from {a.report})")
+        write_plot(a.plot, rows, saved["steps"])
+        print(f"\nwrote {a.plot}")
+        return 0
+    model = load_toy_model(a.weights or lab_weights())
+    split = make_split(0, 0.1)
+    items = make_lab_items(split.held_out, split.train, n_prompts)
+    sampler = LabSampler(model, toy_text_encoder())
+    t0 = time.perf_counter()
+    clips = generate(sampler, items, steps, not (a.quick or a.no_ablations), print)
+    refs = {c.item: c.video for c in clips if c.key[0] == "reference"}
+    cells = build_cells(clips, refs)
+    base = baselines(gt_set(list(split.held_out), GT_SET), cells[("gt", "-", 0, "-")])
+    plain = {n: cells[("plain", "-", n, "-")] for n in steps}
+    rows = {key: row(cell, base, plain.get(key[2]) if key[0] == "chai" else None, a.reps)
+            for key, cell in cells.items()}
+    print_report(rows, steps, f"{len(items)} held-out prompts, {len(clips)} clips, "
+                              f"{time.perf_counter() - t0:.0f} s")
     if a.quick:
         return 0
-    floor_cell = rows[("gt", "-", 0, "-")]["fd_net"][0]
-    series = {"plain": [(n, *rows[("plain", "-", n, "-")]["fd_net"]) for n in steps]}
-    for rel in ("scene", "object", "none", "same", "fusion"):
-        series[rel] = [(n, *rows[("chai", rel, n, "default")]["fd_net"]) for n in steps]
-    write_steps_plot(a.plot, series, floor_cell, rows[("reference", "-", FULL, "-")]["fd_net"][0],
-                     "Frechet distance (learned features) to ground truth, lower is better")
+    write_plot(a.plot, rows, steps)
     picks = []
     for i in range(min(4, len(items))):
         by = {c.key: c.video for c in clips if c.item == i}

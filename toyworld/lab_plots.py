@@ -84,7 +84,9 @@ def write_steps_plot(path: Path, series: dict[str, list[tuple[int, float, float,
         d.line([(x_of(s) + off, y_of(v)) for s, v, _, _ in pts], fill=colour, width=2)
         for s, v, a, b in pts:
             d.line([(x_of(s) + off, y_of(a)), (x_of(s) + off, y_of(b))], fill=colour, width=1)
-        d.text((w - right + 4, top + 40 + 16 * i), f"— {name}", fill=colour, font=font)
+        d.line([(w - right + 4, h - bottom - 30 - 16 * (len(series) - i) + 7), (w - right + 18, h - bottom - 30 - 16 * (len(series) - i) + 7)],
+               fill=colour, width=2)
+        d.text((w - right + 22, h - bottom - 30 - 16 * (len(series) - i)), name, fill=colour, font=font)
     path.parent.mkdir(parents=True, exist_ok=True)
     img.save(path)
     return path
