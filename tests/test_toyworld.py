@@ -62,8 +62,32 @@ def test_motions_move_one_pixel_per_frame_and_bounce_comes_back():
 def test_colour_design_separates_objects_from_backgrounds():
     for scene, seed in itertools.product(world.SCENES, range(20)):
         assert world.saturation(world.render_background(scene, seed)).max() <= world.BACKGROUND_MAX_SAT + 1e-6
+        assert world.saturation(world.render_backdrop(scene, seed)).max() <= world.BACKGROUND_MAX_SAT + 1e-6
     for name, rgb in world.PALETTE.items():
         assert max(rgb) - min(rgb) >= world.OBJECT_MIN_SAT, name
+
+
+def test_detail_is_seeded_and_not_given_by_the_caption():
+    from comfyui_chai.toyworld import detail
+
+    a, b = world.render_backdrop("beach", 1), world.render_backdrop("beach", 2)
+    assert np.array_equal(a, world.render_backdrop("beach", 1)) and not np.allclose(a, b)
+    assert np.abs(a[1:] - a[:-1]).max() > 0.2  # clouds and waves move
+    still = np.repeat(world.render_background("forest", 4)[None], 2, 0)
+    grained = detail.add_grain(still, np.random.default_rng(0))
+    assert np.array_equal(grained[0], grained[1]) and 0.02 < np.abs(grained - still).mean() < 0.06
+
+
+def test_clouds_drift_one_pixel_per_frame():
+    from comfyui_chai.toyworld import detail
+
+    sky = np.zeros((world.FRAMES, 16, 16, 3), np.float32)
+    detail.add_clouds(sky, "desert", np.random.default_rng(3))
+    cloud = sky[..., 0] > 0.5
+    assert cloud[0].any() and not np.array_equal(cloud[0], cloud[3])
+    for t in range(world.FRAMES - 1):
+        moved = np.roll(cloud[t], 1, axis=1) | np.roll(cloud[t], -1, axis=1)
+        assert not (cloud[t + 1] & ~moved).any()
 
 
 def test_unknown_attributes_are_rejected():
@@ -217,6 +241,36 @@ def test_a_few_steps_reduce_the_loss_on_a_fixed_batch(tmp_path):
     assert after < 0.7 * before, (before, after)
 
 
+def test_mixed_timesteps_cover_the_low_noise_end():
+    from comfyui_chai.toyworld.train import sample_sigmas
+
+    s = sample_sigmas("mixed", 4000, torch.Generator().manual_seed(0), 2.0)
+    low = sample_sigmas("logit_normal", 4000, torch.Generator().manual_seed(0), 2.0)
+    assert float((s < 0.15).float().mean()) > 2 * float((low < 0.15).float().mean())
+    assert 0.0 < float(s.min()) and float(s.max()) < 1.0
+
+
+def test_learning_rate_warms_up_then_decays_by_cosine(tmp_path):
+    trainer = Trainer(TrainConfig(out_dir=str(tmp_path), lr=1e-3, warmup_steps=10, decay_steps=110,
+                                  final_lr_ratio=0.1, **{k: v for k, v in TINY.items() if k != "warmup_steps"}))
+    assert trainer.lr_at(0) == pytest.approx(1e-4) and trainer.lr_at(10) == pytest.approx(1e-3)
+    assert trainer.lr_at(60) == pytest.approx(0.55e-3) and trainer.lr_at(500) == pytest.approx(1e-4)
+
+
+def test_worker_processes_render_the_same_batches(tmp_path):
+    from comfyui_chai.toyworld.data import Prefetcher, batch_for
+
+    split = make_split(0, 0.1)
+    pre = Prefetcher(split.train, 3, 5, toy_text_encoder(), workers=1)
+    try:
+        got = [pre.get(s) for s in (0, 1, 3)]
+    finally:
+        pre.close()
+    for step, batch in zip((0, 1, 3), got):
+        want = batch_for(split.train, 3, 5, step, toy_text_encoder())
+        assert torch.equal(batch.x0, want.x0) and batch.captions == want.captions
+
+
 def test_resume_continues_exactly(tmp_path):
     straight = Trainer(TrainConfig(out_dir=str(tmp_path / "a"), max_steps=4, **TINY))
     straight.run(echo=None)
@@ -234,6 +288,22 @@ def test_resume_continues_exactly(tmp_path):
     other = Trainer(TrainConfig(out_dir=str(tmp_path / "b"), max_steps=5, **{**TINY, "hidden_size": 64}))
     with pytest.raises(ValueError, match="other settings"):
         other.load()
+
+
+def test_a_fine_tune_starts_from_another_runs_state_and_records_its_settings(tmp_path):
+    first = Trainer(TrainConfig(out_dir=str(tmp_path / "a"), max_steps=2, **TINY))
+    first.run(echo=None)
+    tuned = Trainer(TrainConfig(out_dir=str(tmp_path / "b"), max_steps=3, timesteps="uniform", **TINY))
+    with pytest.raises(ValueError, match="other settings"):
+        tuned.load(first.state_path)
+    tuned.load(first.state_path, strict=False)
+    assert tuned.step == 2 and tuned.lineage == [{"until_step": 2, "run": first.config.run_fields()}]
+    for p, q in zip(first.model.state_dict().values(), tuned.model.state_dict().values()):
+        assert torch.equal(p, q)
+    tuned.run(echo=None)
+    assert tuned.step == 3
+    state = torch.load(tuned.state_path, weights_only=True)
+    assert state["lineage"][0]["run"]["timesteps"] == "logit_normal" and state["run"]["timesteps"] == "uniform"
 
 
 def test_exported_weights_load_with_the_opensora_loader(tmp_path):

@@ -1,7 +1,9 @@
 """Training batches of the toy world: clips, captions and their latents, reproducible from (seed, step)."""
 from __future__ import annotations
 
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from typing import Sequence
 
 import numpy as np
@@ -48,3 +50,37 @@ def step_rng(seed: int, step: int) -> np.random.Generator:
 def step_generator(seed: int, step: int) -> torch.Generator:
     """The torch generator (noise, timesteps, caption dropout) of one training step."""
     return torch.Generator().manual_seed((int(seed) * 1_000_003 + int(step)) % (2**63))
+
+
+def batch_for(combos: Sequence[Combo], batch_size: int, seed: int, step: int, text: ToyTextEncoder) -> Batch:
+    """The batch of one training step (a picklable entry point for worker processes)."""
+    return make_batch(combos, batch_size, step_rng(seed, step), text)
+
+
+class Prefetcher:
+    """Batches of the next steps rendered ahead by worker processes; the same batches as `batch_for` in-process."""
+
+    def __init__(self, combos: Sequence[Combo], batch_size: int, seed: int, text: ToyTextEncoder,
+                 workers: int = 0) -> None:
+        self.args = (tuple(combos), batch_size, seed)
+        self.text = text
+        self.ahead = 2 * workers
+        self.pool = ProcessPoolExecutor(workers, mp_context=get_context("fork")) if workers > 0 else None
+        self.pending: dict[int, Future] = {}
+
+    def get(self, step: int) -> Batch:
+        """The batch of `step` (and queue the following ones)."""
+        if self.pool is None:
+            return batch_for(*self.args, step, self.text)
+        for s in range(step, step + self.ahead + 1):
+            if s not in self.pending:
+                self.pending[s] = self.pool.submit(batch_for, *self.args, s, self.text)
+        for s in [s for s in self.pending if s < step]:
+            self.pending.pop(s).cancel()
+        return self.pending.pop(step).result()
+
+    def close(self) -> None:
+        """Stop the workers."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None

@@ -20,7 +20,7 @@ from functools import lru_cache
 import numpy as np
 
 from .world import (BACKGROUND_MAX_SAT, COLOURS, FRAMES, MOTIONS, OBJECT_MIN_SAT, OBJECTS, PALETTE, SCENES, SIZE,
-                    motion_offsets, render_background, saturation, shape_masks)
+                    motion_offsets, render_backdrop, saturation, shape_masks)
 
 SAT_THRESHOLD = 0.5 * (BACKGROUND_MAX_SAT + OBJECT_MIN_SAT)
 SCENE_REFERENCE_SEEDS = 64
@@ -76,7 +76,7 @@ def object_pixels(video: np.ndarray) -> np.ndarray:
 @lru_cache(maxsize=None)
 def scene_references(size: int = SIZE) -> np.ndarray:
     """Mean background of each scene over fixed seeds: float32 [len(SCENES), size, size, 3]."""
-    return np.stack([np.mean([render_background(s, 10_000 + k, size) for k in range(SCENE_REFERENCE_SEEDS)], 0)
+    return np.stack([np.mean([render_backdrop(s, 10_000 + k, size).mean(0) for k in range(SCENE_REFERENCE_SEEDS)], 0)
                      for s in SCENES]).astype(np.float32)
 
 

@@ -105,9 +105,19 @@ WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 WEIGHTS_NAME = "toyworld_stdit3.safetensors"
 
 
+# The quality lab's model, trained on the detailed world (world 2); the demo and the nodes keep the first model,
+# trained before the world had detail (world 1: plain backgrounds), whose objects and motions are reliable.
+LAB_WEIGHTS_NAME = "toyworld_detail_stdit3.safetensors"
+
+
 def default_weights() -> Path:
-    """The trained toy-world STDiT3 shipped with the pack."""
+    """The trained toy-world STDiT3 shipped with the pack (the demo's and the nodes' model)."""
     return WEIGHTS_DIR / WEIGHTS_NAME
+
+
+def lab_weights() -> Path:
+    """The quality lab's toy STDiT3, trained on the detailed world."""
+    return WEIGHTS_DIR / LAB_WEIGHTS_NAME
 
 
 def load_toy_model(path: str | Path | None = None, device: str | torch.device = "cpu") -> Any:

@@ -27,17 +27,18 @@ from torch import Tensor, nn
 
 from ..opensora import stdit3
 from ..opensora.loading import save_stdit3
-from .data import make_batch, step_generator, step_rng
+from .data import Prefetcher, step_generator
 from .latent import LATENT_SCALE
 from .model import DEFAULT_SHIFT, TEXT_DIM, TEXT_TOKENS, ToyVideoSpec, toy_config, toy_text_encoder
 from .prompts import make_split
-from .world import FRAMES, SIZE
+from .world import FRAMES, SIZE, WORLD_VERSION
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "log.jsonl"
 WEIGHTS_FILE = "toyworld_stdit3.safetensors"
-TIMESTEP_SAMPLERS = ("logit_normal", "uniform")
-# Fields that change what is trained; a resumed run must keep them (budgets, logging and device may change).
+TIMESTEP_SAMPLERS = ("logit_normal", "uniform", "mixed")
+# Fields that change what is trained; a resumed run must keep them (budgets, logging and device may change; the
+# lr decay's end, decay_steps, is a budget: a run resumed with a new step budget may move it).
 RUN_FIELDS = ("seed", "batch_size", "lr", "warmup_steps", "weight_decay", "grad_clip", "ema_decay",
               "caption_dropout", "timesteps", "timestep_shift", "object_weight", "hidden_size", "depth", "num_heads", "mlp_ratio",
               "patch_t", "split_seed", "held_out_fraction")
@@ -61,6 +62,10 @@ class TrainConfig:
     # place the object and its motion from the caption alone, and logit-normal(0, 1) puts only 8% of its samples
     # above sigma 0.8, where that happens (a model trained so denoised visible objects perfectly yet sampled blobs).
     timestep_shift: float = 2.0
+    # Cosine decay of the learning rate from lr (after warm-up) to lr * final_lr_ratio at decay_steps (0: constant).
+    # The last, low-lr stretch is what cleans up fine detail: a constant lr leaves the low-noise end speckled.
+    decay_steps: int = 0
+    final_lr_ratio: float = 0.05
     object_weight: float = 2.0  # loss weight of the object's pixels (and their neighbours) relative to the rest
     hidden_size: int = 128
     depth: int = 4
@@ -79,6 +84,7 @@ class TrainConfig:
     log_every: int = 20
     device: str = "cpu"
     threads: int | None = None
+    data_workers: int = 0  # processes rendering upcoming batches (0: in the training process); same batches
 
     def __post_init__(self) -> None:
         if not str(self.out_dir):
@@ -95,6 +101,8 @@ class TrainConfig:
             raise ValueError(f"caption_dropout must be in [0, 1), got {self.caption_dropout}")
         if not self.timestep_shift > 0:
             raise ValueError(f"timestep_shift must be > 0, got {self.timestep_shift}")
+        if self.decay_steps < 0 or not 0.0 < self.final_lr_ratio <= 1.0:
+            raise ValueError("decay_steps must be >= 0 and final_lr_ratio in (0, 1]")
         if self.timesteps not in TIMESTEP_SAMPLERS:
             raise ValueError(f"timesteps must be one of {TIMESTEP_SAMPLERS}, got {self.timesteps!r}")
         if self.object_weight < 1.0:
@@ -105,6 +113,8 @@ class TrainConfig:
             raise ValueError(f"minutes must be > 0, got {self.minutes}")
         if self.checkpoint_minutes <= 0:
             raise ValueError(f"checkpoint_minutes must be > 0, got {self.checkpoint_minutes}")
+        if self.data_workers < 0:
+            raise ValueError(f"data_workers must be >= 0, got {self.data_workers}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
 
@@ -139,7 +149,13 @@ def init_weights(model: nn.Module) -> None:
 
 
 def sample_sigmas(kind: str, batch: int, gen: torch.Generator, shift: float = 1.0) -> Tensor:
-    """Training sigmas in (0, 1): logit-normal(0, 1) or uniform, then shifted toward high noise by `shift`."""
+    """Training sigmas in (0, 1): logit-normal(0, 1) or uniform, then shifted toward high noise by `shift`;
+    "mixed": the first half of the batch shifted logit-normal, the second half plain uniform, so the low-noise end
+    (where fine detail is settled) is trained as often as the high-noise end (where layout is)."""
+    if kind == "mixed":
+        half = batch // 2
+        return torch.cat([sample_sigmas("logit_normal", half, gen, shift),
+                          sample_sigmas("uniform", batch - half, gen, 1.0)])
     if kind == "logit_normal":
         s = torch.sigmoid(torch.randn(batch, generator=gen))
     elif kind == "uniform":
@@ -188,15 +204,22 @@ class Trainer:
         self.video = ToyVideoSpec()
         self.step = 0
         self.train_seconds = 0.0
+        self.lineage: list[dict[str, Any]] = []  # earlier settings of a fine-tuned run, oldest first
         self.out_dir = Path(config.out_dir)
+        self.batches = Prefetcher(self.split.train, config.batch_size, config.seed, self.text, 0)
 
     # ---------------------------------------------------------------------------------------------- steps
 
     def lr_at(self, step: int) -> float:
-        """Learning rate of a step: linear warm-up, then constant."""
-        if self.config.warmup_steps and step < self.config.warmup_steps:
-            return self.config.lr * (step + 1) / self.config.warmup_steps
-        return self.config.lr
+        """Learning rate of a step: linear warm-up, then constant or cosine-decayed to `decay_steps`."""
+        cfg = self.config
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return cfg.lr * (step + 1) / cfg.warmup_steps
+        if cfg.decay_steps <= cfg.warmup_steps:
+            return cfg.lr
+        done = min(1.0, (step - cfg.warmup_steps) / (cfg.decay_steps - cfg.warmup_steps))
+        floor = cfg.lr * cfg.final_lr_ratio
+        return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * done))
 
     def loss_on(self, step: int) -> Tensor:
         """The training loss of a step's batch under the current weights (with gradients)."""
@@ -205,7 +228,7 @@ class Trainer:
     def losses_on(self, step: int) -> tuple[Tensor, Tensor]:
         """(training loss, plain velocity MSE) of a step's batch; they differ when object_weight > 1."""
         cfg = self.config
-        batch = make_batch(self.split.train, cfg.batch_size, step_rng(cfg.seed, step), self.text)
+        batch = self.batches.get(step)
         gen = step_generator(cfg.seed, step)
         noise = torch.randn(batch.x0.shape, generator=gen)
         sigma = sample_sigmas(cfg.timesteps, cfg.batch_size, gen, cfg.timestep_shift)
@@ -256,19 +279,23 @@ class Trainer:
         """Write the training state atomically (default: out_dir/train_state.pt)."""
         path = Path(path or self.state_path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_save({"version": 1, "run": self.config.run_fields(), "step": self.step,
+        _atomic_save({"version": 1, "run": self.config.run_fields(), "lineage": self.lineage, "step": self.step,
                       "train_seconds": self.train_seconds, "model": self.model.state_dict(),
                       "ema": self.ema.state_dict(), "optimizer": self.optimizer.state_dict()}, path)
         return path
 
-    def load(self, path: Path | None = None) -> None:
-        """Restore a training state written by `save`; its run fields must equal this config's."""
+    def load(self, path: Path | None = None, strict: bool = True) -> None:
+        """Restore a training state written by `save`; its run fields must equal this config's unless not strict
+        (a fine-tune: the other settings are kept in `lineage`, and in the exported weights' metadata)."""
         path = Path(path or self.state_path)
         state = torch.load(path, map_location=self.device, weights_only=True)
         mine, theirs = self.config.run_fields(), state.get("run", {})
         diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
-        if diff:
+        if diff and strict:
             raise ValueError(f"{path} was trained with other settings (checkpoint, now): {diff}")
+        self.lineage = list(state.get("lineage", []))
+        if diff:
+            self.lineage.append({"until_step": int(state["step"]), "run": theirs})
         self.model.load_state_dict(state["model"])
         self.ema.load_state_dict(state["ema"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -279,11 +306,11 @@ class Trainer:
         """Write the EMA model as safetensors with the toy world's facts in the metadata."""
         path = Path(path or self.out_dir / WEIGHTS_FILE)
         path.parent.mkdir(parents=True, exist_ok=True)
-        facts = {"steps": self.step, "train_seconds": round(self.train_seconds, 1), "seed": self.config.seed,
+        facts = {"world": WORLD_VERSION, "steps": self.step, "train_seconds": round(self.train_seconds, 1), "seed": self.config.seed,
                  "batch_size": self.config.batch_size, "split_seed": self.config.split_seed,
                  "held_out_fraction": self.config.held_out_fraction, "size": SIZE, "frames": FRAMES,
                  "latent_scale": LATENT_SCALE, "text_dim": TEXT_DIM, "text_tokens": TEXT_TOKENS,
-                 "shift": DEFAULT_SHIFT, "run": self.config.run_fields()}
+                 "shift": DEFAULT_SHIFT, "run": self.config.run_fields(), "lineage": self.lineage}
         save_stdit3(self.ema.cpu(), path, {"toyworld": json.dumps(facts)})
         self.ema.to(self.device)
         return path
@@ -312,6 +339,15 @@ class Trainer:
             self._trim_log()
             if echo:
                 echo(f"resumed at step {self.step} ({self.train_seconds / 60:.1f} min trained)")
+        self.batches.close()
+        self.batches = Prefetcher(self.split.train, cfg.batch_size, cfg.seed, self.text, cfg.data_workers)
+        try:
+            return self._loop(echo)
+        finally:
+            self.batches.close()
+
+    def _loop(self, echo: Callable[[str], None] | None) -> dict[str, Any]:
+        cfg = self.config
         start = last_ckpt = last_log = time.perf_counter()
         losses: list[float] = []
         log_step = self.step

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .detail import backdrop
+
+WORLD_VERSION = 2  # 2: seeded detail (grain, clouds, waves, props; `detail.py`); 1: plain backgrounds
 SIZE = 16  # frame height and width in pixels
 FRAMES = 8  # frames per clip
 
@@ -269,6 +272,11 @@ def render_background(scene: str, seed: int, size: int = SIZE) -> np.ndarray:
     return BACKGROUNDS[scene](np.random.default_rng(seed), size)
 
 
+def render_backdrop(scene: str, seed: int, size: int = SIZE, frames: int = FRAMES) -> np.ndarray:
+    """The detailed backdrop of a scene, object-free: float32 [frames, size, size, 3] (see `detail.py`)."""
+    return backdrop(render_background(scene, seed, size), scene, seed, frames)
+
+
 def object_track(spec: ClipSpec, frames: int = FRAMES) -> np.ndarray:
     """Top-left (row, col) of the object in every frame: int array [frames, 2]."""
     return np.array([spec.top, spec.left]) + motion_offsets(spec.motion, frames)
@@ -276,10 +284,9 @@ def object_track(spec: ClipSpec, frames: int = FRAMES) -> np.ndarray:
 
 def render(spec: ClipSpec, size: int = SIZE, frames: int = FRAMES) -> np.ndarray:
     """The clip of a spec: float32 [frames, size, size, 3] RGB in [0, 1]."""
-    bg = render_background(spec.scene, spec.bg_seed, size)
+    video = render_backdrop(spec.scene, spec.bg_seed, size, frames)
     colour_mask, dark_mask = shape_masks(spec.obj)
     h, w = colour_mask.shape
-    video = np.repeat(bg[None], frames, axis=0)
     for t, (r, c) in enumerate(object_track(spec, frames)):
         window = video[t, r:r + h, c:c + w]
         window[colour_mask] = PALETTE[spec.colour]

@@ -1,0 +1,171 @@
+"""The quality lab: does a hit keep quality, under which donor, and what makes Cache Attention help (toy world).
+
+    OMP_NUM_THREADS=1 python bench/bench_quality_lab.py --quick       # 6 prompts, a smoke run
+    OMP_NUM_THREADS=1 python bench/bench_quality_lab.py               # all 90 held-out prompts, JSON + pictures
+
+Every held-out combination of the weights' split gets a seeded caption and noise seed and four donors (sharing the
+scene, the coloured object, nothing, or everything: see `toyworld/lab.py`), each a real 30-step run of its own
+caption. Conditions, side by side in one run, on the same prompts and seeds:
+  * table 1, does the world make few steps hurt: ground truth (renders of the same prompts), 30 steps, plain N;
+  * table 2, the grid: plain N and CHAI N per donor relation (default: cache steps covering the paper's 2,3,4 of 8,
+    replace, block 0, donor latent at the matched sigma), plus fusion (scene + object donors concatenated);
+  * table 3, ablations at the largest and smallest N with the scene donor and the unrelated control: cache-step sets, concat, blocks 0
+    and 1, the donor's clean result.
+Measures (`toyworld/measures.py`, `toyworld/features.py`): all four attributes right (detectors), donor leakage,
+flicker and high-frequency energy as ratios to ground truth, palette distance, layout error, the Frechet distance on
+summary features and on the toy world's learned video features against 640 ground-truth clips, with 95% bootstrap
+intervals over prompts; "FD - plain N" is the paired difference to plain sampling at the same N (negative: CHAI
+is closer to ground truth). PSNR / SSIM against the same-seed 30-step clip are secondary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from bench._common import REPO, table  # noqa: E402
+from comfyui_chai.toyworld.lab import DEFAULT, LabSampler, Variant, make_lab_items  # noqa: E402
+from comfyui_chai.toyworld.lab_plots import write_grid, write_steps_plot  # noqa: E402
+from comfyui_chai.toyworld.lab_report import Clip, baselines, build_cells, label, row, table_rows  # noqa: E402
+from comfyui_chai.toyworld.latent import decode  # noqa: E402
+from comfyui_chai.toyworld.model import lab_weights, load_toy_model, toy_text_encoder  # noqa: E402
+from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
+from comfyui_chai.toyworld.world import random_spec, render  # noqa: E402
+
+FULL = 30
+ABLATIONS = (Variant("steps 2", (2,)), Variant("steps 1-4", (1, 2, 3, 4)), Variant("steps 2-6", (2, 3, 4, 5, 6)),
+             Variant("concat", kv_mode="concat"), Variant("blocks 0+1", blocks=(0, 1)),
+             Variant("clean donor", source="clean"))
+ABLATION_RELATIONS = ("scene", "none")
+GT_SET = 640
+
+
+def clip_of(latent: torch.Tensor) -> np.ndarray:
+    """Decoded clip [T, H, W, 3]."""
+    return decode(latent)[0].numpy()
+
+
+def generate(sampler: LabSampler, items: list, steps: list[int], ablate: bool, echo: Any) -> list[Clip]:
+    """Every clip of every condition, item by item."""
+    clips: list[Clip] = []
+    t0 = time.perf_counter()
+    for i, item in enumerate(items):
+        req, truth = item.request, item.request.combo
+        add = lambda key, video, donors=(), fired=(): clips.append(  # noqa: E731
+            Clip(i, key, video, truth, list(donors), list(fired)))
+        add(("gt", "-", 0, "-"), render(random_spec(*truth, np.random.default_rng(req.seed))))
+        add(("reference", "-", FULL, "-"), clip_of(sampler.run(req, FULL)))
+        for n in steps:
+            add(("plain", "-", n, "-"), clip_of(sampler.run(req, n)))
+        runs = {rel: sampler.donor(d) for rel, d in item.donors.items()}
+        combos = {rel: d.combo for rel, d in item.donors.items()}
+        for n in steps:
+            for rel, run in runs.items():
+                latent, fired = sampler.chai(req, n, [run], DEFAULT)
+                add(("chai", rel, n, "default"), clip_of(latent), [combos[rel]], fired)
+            latent, fired = sampler.chai(req, n, [runs["scene"], runs["object"]], Variant("fusion", fusion=True))
+            add(("chai", "fusion", n, "default"), clip_of(latent), [combos["scene"], combos["object"]], fired)
+            if ablate and n in (steps[0], steps[-1]):
+                for var in ABLATIONS:
+                    for rel in ABLATION_RELATIONS:
+                        latent, fired = sampler.chai(req, n, [runs[rel]], var)
+                        add(("chai", rel, n, var.name), clip_of(latent), [combos[rel]], fired)
+        if echo:
+            echo(f"  {i + 1}/{len(items)} prompts, {time.perf_counter() - t0:.0f} s")
+    return clips
+
+
+def gt_set(held_out: list, n: int, seed: int = 77) -> np.ndarray:
+    """n ground-truth clips of the held-out combinations (cycled), fresh seeds."""
+    rng = np.random.default_rng(seed)
+    return np.stack([render(random_spec(*held_out[k % len(held_out)], rng)) for k in range(n)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the lab and print its tables."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--weights", type=Path, default=None,
+                   help="toy STDiT3 weights (default: the shipped lab model, trained on the detailed world)")
+    p.add_argument("--prompts", type=int, default=None, help="held-out prompts to use (default: all)")
+    p.add_argument("--quick", action="store_true", help="6 prompts, N = 8 and 4, no ablations, no files")
+    p.add_argument("--steps", default="8,6,4", help="fast step counts")
+    p.add_argument("--no-ablations", action="store_true")
+    p.add_argument("--reps", type=int, default=200, help="bootstrap resamples")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=Path, default=REPO / "docs" / "quality_lab.json")
+    p.add_argument("--png", type=Path, default=REPO / "docs" / "quality_lab.png")
+    p.add_argument("--plot", type=Path, default=REPO / "docs" / "quality_steps.png")
+    a = p.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    steps = [8, 4] if a.quick else [int(s) for s in a.steps.split(",")]
+    n_prompts = 6 if a.quick else a.prompts
+    model = load_toy_model(a.weights or lab_weights())
+    split = make_split(0, 0.1)
+    items = make_lab_items(split.held_out, split.train, n_prompts)
+    sampler = LabSampler(model, toy_text_encoder())
+    t0 = time.perf_counter()
+    clips = generate(sampler, items, steps, not (a.quick or a.no_ablations), print)
+    refs = {c.item: c.video for c in clips if c.key[0] == "reference"}
+    cells = build_cells(clips, refs)
+    base = baselines(gt_set(list(split.held_out), GT_SET), cells[("gt", "-", 0, "-")])
+    plain = {n: cells[("plain", "-", n, "-")] for n in steps}
+    rows = {key: row(cell, base, plain.get(key[2]) if key[0] == "chai" else None, a.reps)
+            for key, cell in cells.items()}
+    print(f"\n{len(items)} held-out prompts, {len(clips)} clips, {time.perf_counter() - t0:.0f} s; ground-truth "
+          f"set {GT_SET} clips; intervals: 95% bootstrap over prompts ({a.reps} resamples)\n")
+    first = [("gt", "-", 0, "-"), ("reference", "-", FULL, "-")] + [("plain", "-", n, "-") for n in steps]
+    print("Table 1: does the world make few steps hurt (plain sampling against ground truth)")
+    print(table(*table_rows([rows[k] for k in first], with_delta=False)))
+    grid = [k for n in steps for k in [("plain", "-", n, "-")] +
+            [("chai", rel, n, "default") for rel in ("scene", "object", "none", "same", "fusion")]]
+    print("\nTable 2: the grid (CHAI default: cache steps over the paper's sigma range, replace, block 0, matched)")
+    print(table(*table_rows([rows[k] for k in grid])))
+    ablation = sorted(k for k in rows if k[0] == "chai" and k[3] != "default")
+    if ablation:
+        print("\nTable 3: ablations (scene donor and the unrelated control)")
+        print(table(*table_rows([rows[k] for k in sorted(ablation, key=lambda k: (-k[2], k[3], k[1]))])))
+    print("\nVerdicts (FD features: CHAI N against plain N, paired; attributes against 30 steps):")
+    ref_attrs = rows[("reference", "-", FULL, "-")]["attrs"][0]
+    for key in [k for k in grid if k[0] == "chai"] + sorted(ablation):
+        r = rows[key]
+        d, lo, hi = r["d_fd_net"]
+        verdict = "better" if hi < 0 else "worse" if lo > 0 else "no difference"
+        ok = abs(r["attrs"][0] - ref_attrs) <= 0.01 and (r["leak"] != r["leak"] or r["leak"] <= 0.02)
+        leak = "-" if r["leak"] != r["leak"] else f"{100 * r['leak']:.1f}%"
+        print(f"  {label(key):32s} {verdict:14s} FD {d:+.2f} [{lo:+.2f}, {hi:+.2f}]  attrs "
+              f"{100 * r['attrs'][0]:.1f}% vs {100 * ref_attrs:.1f}%  leak {leak}"
+              f"{'' if ok else '  (fails the attribute / leakage bar)'}")
+    if a.quick:
+        return 0
+    floor_cell = rows[("gt", "-", 0, "-")]["fd_net"][0]
+    series = {"plain": [(n, *rows[("plain", "-", n, "-")]["fd_net"]) for n in steps]}
+    for rel in ("scene", "object", "none", "same", "fusion"):
+        series[rel] = [(n, *rows[("chai", rel, n, "default")]["fd_net"]) for n in steps]
+    write_steps_plot(a.plot, series, floor_cell, rows[("reference", "-", FULL, "-")]["fd_net"][0],
+                     "Frechet distance (learned features) to ground truth, lower is better")
+    picks = []
+    for i in range(min(4, len(items))):
+        by = {c.key: c.video for c in clips if c.item == i}
+        n = steps[0]
+        picks.append((f"{items[i].request.prompt}  |  scene donor: {items[i].donors['scene'].prompt}",
+                      [("ground truth", by[("gt", "-", 0, "-")]), ("30 steps", by[("reference", "-", FULL, "-")]),
+                       (f"plain {n}", by[("plain", "-", n, "-")]), (f"plain {steps[-1]}", by[("plain", "-", steps[-1], "-")])]
+                      + [(f"CHAI {n} {rel}", by[("chai", rel, n, "default")]) for rel in ("scene", "object", "none")]))
+    write_grid(a.png, picks)
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps({"prompts": len(items), "steps": steps, "reps": a.reps,
+                                  "rows": [r for r in rows.values()]}, indent=1, default=float), encoding="utf-8")
+    print(f"\nwrote {a.json}, {a.png}, {a.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

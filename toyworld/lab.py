@@ -1,0 +1,214 @@
+"""The quality lab's generator: held-out prompts, donors of four relations, and every sampling condition of the grid.
+
+Donor relations to a prompt (scene, obj, colour, motion): "scene" shares only the scene, "object" only the coloured
+object, "none" nothing (the control for "any donor at all"), "same" the whole combination (another caption and
+seed: the control for a perfect match). Donors come from the training combinations except "same".
+
+A condition is plain N-step sampling or CHAI at N steps under a `Variant`: which fast steps borrow, `replace` or
+`concat` K/V, which spatial blocks (0, or 0 and 1), K/V from the donor's latent at the matched sigma or from its
+clean result, and multi-entry fusion (the K/V of a scene donor and of an object donor, concatenated along the
+tokens). The lab drives STDiT3's own `attn_replace` hook: at a cache step the donor latent goes through the model
+once (its own caption, the live step's timestep; the hook keeps each patched block's k/v), then the live [cond;
+uncond] batch runs with the cond rows attending to those K/V (`kv.cache_attention`). For block 0, replace, matched
+sigma this is exactly the product's hit (`tests/test_quality_lab.py` checks it against `ChaiPipeline`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..chai_attention.kv import cache_attention, chunk_row_mask
+from ..opensora.sampler import make_noise, opensora_model_kwargs, sample
+from .model import DEFAULT_CFG, ToyVideoSpec, toy_sigmas
+from .prompts import Combo, caption
+from .quality import cache_steps_for, is_one_entity_donor
+
+RELATIONS: tuple[str, ...] = ("scene", "object", "none", "same")
+FULL_STEPS = 30
+
+
+def differs_everywhere(a: Combo, b: Combo) -> bool:
+    """True when two combinations share no attribute."""
+    return all(x != y for x, y in zip(a, b))
+
+
+def pick_donor(combo: Combo, relation: str, pool: Sequence[Combo], rng: np.random.Generator) -> Combo:
+    """A donor combination of the given relation to `combo` (from `pool`, except "same")."""
+    if relation == "same":
+        return combo
+    if relation == "none":
+        candidates = sorted(c for c in pool if differs_everywhere(combo, c))
+    elif relation in ("scene", "object"):
+        candidates = sorted(c for c in pool if is_one_entity_donor(combo, c, relation))
+    else:
+        raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
+    if not candidates:
+        raise ValueError(f"no {relation} donor for {combo} in the pool")
+    return tuple(candidates[int(rng.integers(len(candidates)))])  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A caption, its combination and its noise seed."""
+
+    prompt: str
+    combo: Combo
+    seed: int
+
+
+@dataclass
+class LabItem:
+    """One held-out prompt and its donors by relation."""
+
+    request: Request
+    donors: dict[str, Request]
+
+
+def make_lab_items(held_out: Sequence[Combo], pool: Sequence[Combo], n: int | None = None,
+                   seed: int = 0) -> list[LabItem]:
+    """n held-out prompts (seeded order) with one donor per relation; prompt seeds 1000 + i, donors 5000 + 4 i + k."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(held_out))
+    n = len(held_out) if n is None else min(n, len(held_out))
+    items = []
+    for i, j in enumerate(order[:n]):
+        combo = tuple(held_out[int(j)])
+        req = Request(caption(combo, rng), combo, 1000 + i)  # type: ignore[arg-type]
+        donors = {}
+        for k, rel in enumerate(RELATIONS):
+            d = pick_donor(combo, rel, pool, rng)  # type: ignore[arg-type]
+            donors[rel] = Request(caption(d, rng), d, 5000 + 4 * i + k)
+        items.append(LabItem(req, donors))
+    return items
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a CHAI condition borrows (see the module docstring); cache_steps None: the default for N."""
+
+    name: str
+    cache_steps: tuple[int, ...] | None = None
+    kv_mode: str = "replace"
+    blocks: tuple[int, ...] = (0,)
+    source: str = "matched"  # "matched": donor latent at the nearest sigma; "clean": the donor's final latent
+    fusion: bool = False  # scene donor + object donor K/V concatenated (the relation is then "fusion")
+
+    def steps_for(self, n: int) -> tuple[int, ...]:
+        """Cache steps at N fast steps: the variant's (those within N) or the paper's sigma range (2,3,4 of 8)."""
+        if self.cache_steps is None:
+            return cache_steps_for(toy_sigmas(n), toy_sigmas(8))
+        return tuple(s for s in self.cache_steps if s <= n)
+
+
+DEFAULT = Variant("default")
+
+
+@dataclass
+class DonorRun:
+    """A donor's full run: the latent entering each step, the step sigmas, the final latent and its caption."""
+
+    latents: list[Tensor]
+    sigmas: list[float]
+    final: Tensor
+    y: Tensor
+    mask: Tensor | None
+
+    def latent_for(self, sigma: float, source: str) -> tuple[Tensor, float]:
+        """(donor latent, its timestep sigma) serving a live step at `sigma`."""
+        if source == "clean":
+            return self.final, 0.0
+        i = int(np.argmin([abs(s - sigma) for s in self.sigmas]))
+        return self.latents[i], sigma
+
+
+@dataclass
+class LabSampler:
+    """Plain and CHAI sampling of the toy model with the reference Euler sampler and batched CFG."""
+
+    model: Any
+    text_encode: Callable[[str], Any]
+    cfg: float = DEFAULT_CFG
+    video: ToyVideoSpec = field(default_factory=ToyVideoSpec)
+
+    def _kwargs(self, mask: Tensor | None) -> dict[str, Any]:
+        v = self.video
+        return opensora_model_kwargs(v.height, v.width, v.num_frames, 1, v.fps, mask, "cpu")
+
+    def _text(self, prompt: str) -> tuple[Tensor, Tensor | None]:
+        out = self.text_encode(prompt)
+        return out if isinstance(out, tuple) else (out, None)
+
+    @torch.no_grad()
+    def run(self, req: Request, steps: int, wrap: Callable[[Any], Any] | None = None,
+            record: list[Tensor] | None = None) -> Tensor:
+        """The final latent of `req` at `steps` steps; `wrap` may replace the model function (for CHAI)."""
+        y, mask = self._text(req.prompt)
+        noise = make_noise(self.video.latent_shape(1), req.seed)
+        fn = wrap(self.model) if wrap else self.model
+        callback = (lambda i, x, s, v: record.append(x.clone())) if record is not None else None
+        uncond = self.model.null_caption(1) if self.cfg != 1.0 else None
+        return sample(fn, noise, y, uncond, toy_sigmas(steps), self.cfg, callback, self._kwargs(mask))
+
+    def donor(self, req: Request) -> DonorRun:
+        """The donor's full 30-step run with its trajectory."""
+        latents: list[Tensor] = []
+        final = self.run(req, FULL_STEPS, record=latents)
+        y, mask = self._text(req.prompt)
+        return DonorRun(latents, toy_sigmas(FULL_STEPS)[:-1].tolist(), final, y, mask)
+
+    @torch.no_grad()
+    def donor_kv(self, donor: DonorRun, sigma: float, variant: Variant) -> dict[int, tuple[Tensor, Tensor]]:
+        """K/V of each patched block for the donor at a live step's sigma (one forward of the donor latent)."""
+        latent, t_sigma = donor.latent_for(sigma, variant.source)
+        kept: dict[int, tuple[Tensor, Tensor]] = {}
+
+        def keep(block: int) -> Callable[[Any], Tensor]:
+            def fn(call: Any) -> Tensor:
+                kept[block] = (call.k, call.v)
+                return call.block.attn.attend(call.q, call.k, call.v)
+            return fn
+
+        t = torch.full((1,), t_sigma * 1000.0)
+        self.model(latent, t, donor.y, attn_replace={("spatial_attn", b): keep(b) for b in variant.blocks},
+                   **self._kwargs(donor.mask))
+        return kept
+
+    def chai(self, req: Request, steps: int, donors: Sequence[DonorRun], variant: Variant) -> tuple[Tensor, list[int]]:
+        """CHAI at `steps` fast steps borrowing from `donors` (two for fusion); returns (latent, fired steps)."""
+        sigmas = toy_sigmas(steps).tolist()
+        cache = {sigmas[s - 1]: s for s in variant.steps_for(steps)}
+        fired: list[int] = []
+
+        def wrap(model: Any) -> Callable[..., Tensor]:
+            def fn(x: Tensor, t: Tensor, y: Tensor, **kw: Any) -> Tensor:
+                sigma = float(t.reshape(-1)[0]) / 1000.0
+                step = next((s for sig, s in cache.items() if abs(sig - sigma) < 1e-4), None)
+                if step is None:
+                    return model(x, t, y, **kw)
+                kvs = [self.donor_kv(d, sigma, variant) for d in donors]
+                fired.append(step)
+                replace = {("spatial_attn", b): _borrow([kv[b] for kv in kvs], variant.kv_mode)
+                           for b in variant.blocks}
+                return model(x, t, y, attn_replace=replace, **kw)
+            return fn
+
+        return self.run(req, steps, wrap), fired
+
+
+def _borrow(kvs: Sequence[tuple[Tensor, Tensor]], mode: str) -> Callable[[Any], Tensor]:
+    """attn_replace callable: the cond half (first chunk of the batched CFG) attends to the donors' K/V."""
+    k_d = torch.cat([k for k, _ in kvs], dim=-2)
+    v_d = torch.cat([v for _, v in kvs], dim=-2)
+
+    def fn(call: Any) -> Tensor:
+        rows = chunk_row_mask([True, False], call.q.shape[0], call.q.device)
+        return cache_attention(call.q, call.k, call.v, k_d, v_d, call.block.attn.attend, mode=mode, rows=rows)
+    return fn
+
+
+__all__ = ["RELATIONS", "FULL_STEPS", "Request", "LabItem", "Variant", "DEFAULT", "DonorRun", "LabSampler",
+           "make_lab_items", "pick_donor", "differs_everywhere"]

@@ -1,0 +1,174 @@
+"""Scoring and tables of the quality lab: per-clip scores, cells with bootstrap intervals, the verdict lines."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import features as feats
+from .detect import ATTRIBUTES, detect
+from .measures import bootstrap, bootstrap_frechet, frechet, measure, standardiser
+from .prompts import Combo
+from .quality import count_leakage, psnr, ssim
+
+# The Frechet distance on learned features uses the reference set's top principal components: ~90 clips per cell
+# cannot estimate a 32-d covariance (the distance would be dominated by estimation noise).
+PCA_DIMS = 12
+CellKey = tuple[str, str, int, str]  # (kind: gt / reference / plain / chai, relation, steps, variant)
+
+
+@dataclass
+class Clip:
+    """One generated (or ground-truth) clip of one lab item under one condition."""
+
+    item: int
+    key: CellKey
+    video: np.ndarray
+    truth: Combo
+    donors: list[Combo] = field(default_factory=list)
+    fired: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Scored:
+    """Per-clip scores."""
+
+    correct: np.ndarray  # bool [5]: scene, obj, colour, motion, all four
+    leak: tuple[int, int]  # (leaked, pairs) against the clip's donors
+    flicker: float
+    hf: float
+    palette: float
+    layout: float
+    summary: np.ndarray
+    psnr: float = math.nan
+    ssim: float = math.nan
+
+
+def score(clip: Clip, reference: np.ndarray | None) -> Scored:
+    """Detectors, leakage, pixel measures and (given the same-seed 30-step clip) PSNR / SSIM of one clip."""
+    d = detect(clip.video).as_tuple()
+    correct = np.array([d[i] == clip.truth[i] for i in range(len(ATTRIBUTES))] + [d == tuple(clip.truth)])
+    leak = count_leakage([d], [clip.truth], [clip.donors]) if clip.donors else None
+    m = measure(clip.video, clip.truth[0])
+    out = Scored(correct, (leak.leaked, leak.pairs) if leak else (0, 0), m.flicker, m.hf, m.palette, m.layout,
+                 m.summary)
+    if reference is not None:
+        out.psnr, out.ssim = psnr(clip.video, reference), ssim(clip.video, reference)
+    return out
+
+
+@dataclass
+class Cell:
+    """Every clip of one condition, with its scores and learned features, in item order."""
+
+    key: CellKey
+    clips: list[Clip]
+    scores: list[Scored]
+    features: np.ndarray
+
+
+def build_cells(clips: Sequence[Clip], references: dict[int, np.ndarray]) -> dict[CellKey, Cell]:
+    """Score every clip and group them by condition (references: item -> its 30-step clip)."""
+    groups: dict[CellKey, list[Clip]] = {}
+    for c in clips:
+        groups.setdefault(c.key, []).append(c)
+    cells = {}
+    for key, group in groups.items():
+        group.sort(key=lambda c: c.item)
+        ref = (lambda c: None) if key[0] in ("gt", "reference") else (lambda c: references.get(c.item))
+        cells[key] = Cell(key, group, [score(c, ref(c)) for c in group],
+                          feats.features(np.stack([c.video for c in group])))
+    return cells
+
+
+@dataclass
+class Baselines:
+    """Ground-truth statistics every row is read against."""
+
+    reference_features: np.ndarray  # learned features of the big ground-truth set
+    reference_summary: np.ndarray  # summary features of the same set
+    gt_flicker: float
+    gt_hf: float
+    components: np.ndarray  # [D, PCA_DIMS] principal directions of the reference features
+    centre: np.ndarray
+
+    def project(self, f: np.ndarray) -> np.ndarray:
+        """Learned features reduced to the reference set's top principal components."""
+        return (np.asarray(f) - self.centre) @ self.components
+
+
+def baselines(gt_set: np.ndarray, gt_cell: Cell) -> Baselines:
+    """From a large ground-truth clip set [N, T, H, W, 3] and the ground-truth cell of the lab's own prompts."""
+    from .measures import summary_features
+
+    ref = feats.features(gt_set)
+    centre = ref.mean(0)
+    _, _, vt = np.linalg.svd(ref - centre, full_matrices=False)
+    return Baselines(ref, np.stack([summary_features(v) for v in gt_set]),
+                     float(np.mean([s.flicker for s in gt_cell.scores])),
+                     float(np.mean([s.hf for s in gt_cell.scores])), vt[:PCA_DIMS].T, centre)
+
+
+def row(cell: Cell, base: Baselines, paired: Cell | None = None, reps: int = 200) -> dict[str, Any]:
+    """The figures of one cell (means, and 95% bootstrap intervals over prompts for the headline ones)."""
+    s = cell.scores
+    z = standardiser(base.reference_summary)
+    leaked, pairs = sum(x.leak[0] for x in s), sum(x.leak[1] for x in s)
+    out: dict[str, Any] = {
+        "key": list(cell.key), "n": len(s),
+        "attrs": bootstrap([x.correct[4] for x in s], reps),
+        "attr_each": [float(np.mean([x.correct[i] for x in s])) for i in range(4)],
+        "leak": leaked / pairs if pairs else math.nan,
+        "flicker_ratio": float(np.mean([x.flicker for x in s])) / max(base.gt_flicker, 1e-9),
+        "hf_ratio": float(np.mean([x.hf for x in s])) / max(base.gt_hf, 1e-9),
+        "palette": float(np.mean([x.palette for x in s])),
+        "layout": float(np.mean([x.layout for x in s])),
+        "fd_summary": frechet(z(np.stack([x.summary for x in s])), z(base.reference_summary)),
+        "fd_net": bootstrap_frechet(base.project(cell.features), base.project(base.reference_features), reps),
+        "psnr": float(np.mean([x.psnr for x in s if math.isfinite(x.psnr)] or [math.nan])),
+        "ssim": float(np.mean([x.ssim for x in s if math.isfinite(x.ssim)] or [math.nan])),
+        "fired": sorted({tuple(c.fired) for c in cell.clips}),
+    }
+    if paired is not None:
+        out["d_fd_net"] = bootstrap_frechet(base.project(cell.features), base.project(base.reference_features), reps,
+                                            paired=base.project(paired.features))
+    return out
+
+
+def fmt_ci(t: tuple[float, float, float], scale: float = 1.0, digits: int = 2) -> str:
+    """'point [lo, hi]'."""
+    p, lo, hi = (x * scale for x in t)
+    return f"{p:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def label(key: CellKey) -> str:
+    """Readable condition name."""
+    kind, rel, n, var = key
+    if kind == "gt":
+        return "ground truth"
+    if kind == "reference":
+        return f"plain {n} (reference)"
+    if kind == "plain":
+        return f"plain {n}"
+    return f"CHAI {n} {rel}" + ("" if var == "default" else f" {var}")
+
+
+def table_rows(rows: Sequence[dict[str, Any]], with_delta: bool = True) -> tuple[list[str], list[list[str]]]:
+    """(header, body) of a results table."""
+    head = ["condition", "all 4 attrs %", "leak %", "flicker x", "HF x", "palette", "layout", "FD summary",
+            "FD features", "PSNR", "SSIM"]
+    if with_delta:
+        head.insert(9, "FD - plain N")
+    body = []
+    for r in rows:
+        cells = [label(tuple(r["key"])), fmt_ci(r["attrs"], 100, 1),
+                 "-" if math.isnan(r["leak"]) else f"{100 * r['leak']:.1f}", f"{r['flicker_ratio']:.2f}",
+                 f"{r['hf_ratio']:.2f}", f"{r['palette']:.4f}", f"{r['layout']:.4f}", f"{r['fd_summary']:.2f}",
+                 fmt_ci(r["fd_net"]), "-" if math.isnan(r["psnr"]) else f"{r['psnr']:.1f}",
+                 "-" if math.isnan(r["ssim"]) else f"{r['ssim']:.3f}"]
+        if with_delta:
+            cells.insert(9, fmt_ci(r["d_fd_net"]) if "d_fd_net" in r else "-")
+        body.append(cells)
+    return head, body
