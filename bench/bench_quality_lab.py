@@ -34,7 +34,8 @@ import torch  # noqa: E402
 from bench._common import REPO, table  # noqa: E402
 from comfyui_chai.toyworld.lab import DEFAULT, LabSampler, Variant, make_lab_items  # noqa: E402
 from comfyui_chai.toyworld.lab_plots import write_grid, write_steps_plot  # noqa: E402
-from comfyui_chai.toyworld.lab_report import Clip, baselines, build_cells, label, row, table_rows  # noqa: E402
+from comfyui_chai.toyworld.lab_report import (  # noqa: E402
+    GT_SET, Clip, baselines, build_cells, ground_truth_set, label, row, table_rows)
 from comfyui_chai.toyworld.latent import decode  # noqa: E402
 from comfyui_chai.toyworld.model import lab_weights, load_toy_model, toy_text_encoder  # noqa: E402
 from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
@@ -45,7 +46,6 @@ ABLATIONS = (Variant("steps 2", (2,)), Variant("steps 1-4", (1, 2, 3, 4)), Varia
              Variant("concat", kv_mode="concat"), Variant("blocks 0+1", blocks=(0, 1)),
              Variant("clean donor", source="clean"))
 ABLATION_RELATIONS = ("scene", "none")
-GT_SET = 640
 
 
 def clip_of(latent: torch.Tensor) -> np.ndarray:
@@ -83,12 +83,6 @@ def generate(sampler: LabSampler, items: list, steps: list[int], ablate: bool, e
     return clips
 
 
-def gt_set(held_out: list, n: int, seed: int = 77) -> np.ndarray:
-    """n ground-truth clips of the held-out combinations (cycled), fresh seeds."""
-    rng = np.random.default_rng(seed)
-    return np.stack([render(random_spec(*held_out[k % len(held_out)], rng)) for k in range(n)])
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the lab and print its tables."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     clips = generate(sampler, items, steps, not (a.quick or a.no_ablations), print)
     refs = {c.item: c.video for c in clips if c.key[0] == "reference"}
     cells = build_cells(clips, refs)
-    base = baselines(gt_set(list(split.held_out), GT_SET), cells[("gt", "-", 0, "-")])
+    base = baselines(ground_truth_set(list(split.held_out), GT_SET), cells[("gt", "-", 0, "-")])
     plain = {n: cells[("plain", "-", n, "-")] for n in steps}
     rows = {key: row(cell, base, plain.get(key[2]) if key[0] == "chai" else None, a.reps)
             for key, cell in cells.items()}
