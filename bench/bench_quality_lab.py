@@ -34,7 +34,8 @@ import torch  # noqa: E402
 from bench._common import REPO, table  # noqa: E402
 from comfyui_chai.toyworld.lab import DEFAULT, LabSampler, Variant, make_lab_items  # noqa: E402
 from comfyui_chai.toyworld.lab_plots import write_grid, write_steps_plot  # noqa: E402
-from comfyui_chai.toyworld.lab_report import Clip, baselines, build_cells, label, row, table_rows  # noqa: E402
+from comfyui_chai.toyworld.lab_report import (Clip, baselines, build_cells, ground_truth_set, label, row,  # noqa: E402
+                                              table_rows)
 from comfyui_chai.toyworld.latent import decode  # noqa: E402
 from comfyui_chai.toyworld.model import lab_weights, load_toy_model, toy_text_encoder  # noqa: E402
 from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
@@ -81,12 +82,6 @@ def generate(sampler: LabSampler, items: list, steps: list[int], ablate: bool, e
         if echo:
             echo(f"  {i + 1}/{len(items)} prompts, {time.perf_counter() - t0:.0f} s")
     return clips
-
-
-def gt_set(held_out: list, n: int, seed: int = 77) -> np.ndarray:
-    """n ground-truth clips of the held-out combinations (cycled), fresh seeds."""
-    rng = np.random.default_rng(seed)
-    return np.stack([render(random_spec(*held_out[k % len(held_out)], rng)) for k in range(n)])
 
 
 def print_report(rows: dict, steps: list[int], what: str) -> None:
@@ -164,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     clips = generate(sampler, items, steps, not (a.quick or a.no_ablations), print)
     refs = {c.item: c.video for c in clips if c.key[0] == "reference"}
     cells = build_cells(clips, refs)
-    base = baselines(gt_set(list(split.held_out), GT_SET), cells[("gt", "-", 0, "-")])
+    base = baselines(ground_truth_set(list(split.held_out), GT_SET), cells[("gt", "-", 0, "-")])
     plain = {n: cells[("plain", "-", n, "-")] for n in steps}
     rows = {key: row(cell, base, plain.get(key[2]) if key[0] == "chai" else None, a.reps)
             for key, cell in cells.items()}

@@ -151,3 +151,16 @@ def test_lab_rows_read_degraded_ground_truth_as_worse():
     assert truth["attrs"][0] == 1.0 and truth["hf_ratio"] == pytest.approx(1.0)
     assert blurred["hf_ratio"] < 0.6 and blurred["fd_net"][0] > 2 * truth["fd_net"][0]
     assert 15 < blurred["psnr"] < 40 and 0 <= blurred["leak"] <= 1
+
+
+def test_ground_truth_set_cycles_the_combinations_with_fresh_seeds():
+    from comfyui_chai.toyworld.detect import detect
+    from comfyui_chai.toyworld.lab_report import ground_truth_set
+
+    combos = [("beach", "ball", "red", "right"), ("forest", "car", "blue", "left")]
+    a = ground_truth_set(combos, 5)
+    assert a.shape[0] == 5 and np.array_equal(a, ground_truth_set(combos, 5))
+    assert [detect(v).as_tuple() for v in a] == [combos[k % 2] for k in range(5)]
+    assert not np.array_equal(a[0], a[2])  # same combination, another seed
+    with pytest.raises(ValueError):
+        ground_truth_set([], 5)

@@ -12,11 +12,21 @@ from .detect import ATTRIBUTES, detect
 from .measures import bootstrap, bootstrap_frechet, frechet, measure, standardiser
 from .prompts import Combo
 from .quality import count_leakage, psnr, ssim
+from .world import random_spec, render
 
 # The Frechet distance on learned features uses the reference set's top principal components: ~90 clips per cell
 # cannot estimate a 32-d covariance (the distance would be dominated by estimation noise).
 PCA_DIMS = 12
 CellKey = tuple[str, str, int, str]  # (kind: gt / reference / plain / chai, relation, steps, variant)
+GT_SET = 640  # clips of the ground-truth set every Frechet distance is measured against
+
+
+def ground_truth_set(combos: Sequence[Combo], n: int = GT_SET, seed: int = 77) -> np.ndarray:
+    """n ground-truth clips [n, T, H, W, 3] of the combinations (cycled), fresh seeds."""
+    if not combos or n < 1:
+        raise ValueError(f"need at least one combination and one clip, got {len(combos)} and {n}")
+    rng = np.random.default_rng(seed)
+    return np.stack([render(random_spec(*combos[k % len(combos)], rng)) for k in range(n)])
 
 
 @dataclass
