@@ -34,8 +34,8 @@ import torch  # noqa: E402
 from bench._common import REPO, table  # noqa: E402
 from comfyui_chai.toyworld.lab import DEFAULT, LabSampler, Variant, make_lab_items  # noqa: E402
 from comfyui_chai.toyworld.lab_plots import write_grid, write_steps_plot  # noqa: E402
-from comfyui_chai.toyworld.lab_report import (Clip, baselines, build_cells, ground_truth_set, label, row,  # noqa: E402
-                                              table_rows)
+from comfyui_chai.toyworld.lab_report import (GT_SET, Clip, baselines, build_cells, ground_truth_set, label,  # noqa: E402
+                                              row, table_rows)
 from comfyui_chai.toyworld.latent import decode  # noqa: E402
 from comfyui_chai.toyworld.model import lab_weights, load_toy_model, toy_text_encoder  # noqa: E402
 from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
@@ -46,7 +46,6 @@ ABLATIONS = (Variant("steps 2", (2,)), Variant("steps 1-4", (1, 2, 3, 4)), Varia
              Variant("concat", kv_mode="concat"), Variant("blocks 0+1", blocks=(0, 1)),
              Variant("clean donor", source="clean"))
 ABLATION_RELATIONS = ("scene", "none")
-GT_SET = 640
 
 
 def clip_of(latent: torch.Tensor) -> np.ndarray:
