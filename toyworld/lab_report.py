@@ -165,13 +165,14 @@ def label(key: CellKey) -> str:
     return f"CHAI {n} {rel}" + ("" if var == "default" else f" {var}")
 
 
-def table_rows(rows: Sequence[dict[str, Any]], with_delta: bool = True) -> tuple[list[str], list[list[str]]]:
+def table_rows(rows: Sequence[dict[str, Any]], with_delta: bool = True,
+               delta_label: str = "FD - plain N") -> tuple[list[str], list[list[str]]]:
     """(header, body) of a results table (the Frechet distances as points: a bootstrap of one distance resamples
     clips with repeats, which inflates it, so only the paired difference to plain N carries an interval)."""
     head = ["condition", "all 4 attrs %", "leak %", "flicker x", "HF x", "palette", "layout", "FD summary",
             "FD features", "PSNR", "SSIM"]
     if with_delta:
-        head.insert(9, "FD - plain N")
+        head.insert(9, delta_label)
     body = []
     for r in rows:
         cells = [label(tuple(r["key"])), fmt_ci(r["attrs"], 100, 1),
