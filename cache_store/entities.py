@@ -39,8 +39,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .language import foreign_language
-from .lexicon import (COLOUR_WORDS, CONDITION_HEADS, ING_NOUNS, LEMMA_EXCEPTIONS, LOCATIVE_PREPOSITIONS,
-                      LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS, QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS,
+from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, ING_NOUNS, LEMMA_EXCEPTIONS,
+                      LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS, QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS,
                       SCENE_PHRASES)
 from .pipelines import resolve_pipeline
 from .naming import encodable_text
@@ -373,8 +373,8 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: set[int],
     if not text:
         return None
     head = text.rsplit(" ", 1)[-1]  # a hyphenated head ("close-up") is the whole glued word
-    if text in COLOUR_WORDS and not any(c.dep_ == "det" for c in head_tok.children):
-        return None  # "black" and "grey" in "a black and grey cat" are how it looks; "an orange" is a thing
+    if text in COLOUR_WORDS and not (text in COLOUR_THINGS and any(c.dep_ == "det" for c in head_tok.children)):
+        return None  # "black" and "grey" in "a black and grey cat", "a red" cut short, are looks; "an orange" is a thing
     kind = _kind(text, head, doc, indices, head_tok)
     core = _core(doc, indices, head)
     if head in GENERIC_PEOPLE:

@@ -79,6 +79,9 @@ COLOUR_WORDS = frozenset({
     "gray", "gold", "golden", "silver", "beige", "teal", "turquoise", "cyan", "magenta", "maroon", "navy",
     "crimson", "scarlet", "ivory", "cream", "tan", "khaki", "olive", "lime", "indigo", "amber", "bronze",
 })
+# Colour words that are also things with a determiner ("an orange", "a lime", "some gold"); any other colour with a
+# determiner ("a red" where a cut prompt ends) still only says how something looks.
+COLOUR_THINGS = frozenset({"orange", "lime", "olive", "gold", "silver", "bronze", "cream", "ivory", "amber"})
 # Times of day, seasons, weather and light: conditions rather than objects or places.
 CONDITION_HEADS = frozenset({
     "sunset", "sunrise", "dawn", "dusk", "twilight", "night", "nighttime", "daytime", "day", "evening",

