@@ -44,8 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", required=True, help="folder for the checkpoint, the log and the exported weights")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt if it exists")
     p.add_argument("--init-from", type=Path, default=None,
-                   help="fine-tune: start from another run's train_state.pt (its step, weights and optimizer) with "
-                        "this run's settings; the earlier settings are recorded in the weights' metadata")
+                   help="fine-tune: start from another run's train_state.pt (its step, weights and optimizer) or "
+                        "exported .safetensors weights (fresh optimizer) with this run's settings; the earlier "
+                        "settings are recorded in the weights' metadata")
     p.add_argument("--export", type=Path, default=None,
                    help="only write the EMA weights of OUT/train_state.pt to this file (no training; the run's "
                         "options must match the checkpoint's)")
@@ -104,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step {trainer.step}: EMA weights written to {trainer.export(a.export)}")
         return 0
     if a.init_from is not None and not (a.resume and trainer.state_path.exists()):
-        trainer.load(a.init_from, strict=False)  # a fine-tune: weights, optimizer and step, other settings
+        if a.init_from.suffix == ".safetensors":  # exported weights: a fresh optimizer
+            trainer.init_from_weights(a.init_from)
+        else:  # a train_state.pt: weights, optimizer and step, other settings
+            trainer.load(a.init_from, strict=False)
         trainer.save()
         print(f"initialised from {a.init_from} at step {trainer.step}")
     trainer.run(resume=a.resume or a.init_from is not None)

@@ -306,6 +306,18 @@ def test_a_fine_tune_starts_from_another_runs_state_and_records_its_settings(tmp
     assert state["lineage"][0]["run"]["timesteps"] == "logit_normal" and state["run"]["timesteps"] == "uniform"
 
 
+def test_a_fine_tune_can_start_from_exported_weights(tmp_path):
+    first = Trainer(TrainConfig(out_dir=str(tmp_path / "a"), max_steps=2, **TINY))
+    first.run(echo=None)
+    tuned = Trainer(TrainConfig(out_dir=str(tmp_path / "b"), max_steps=3, timesteps="uniform", **TINY))
+    tuned.init_from_weights(tmp_path / "a" / "toyworld_stdit3.safetensors")
+    assert tuned.step == 2 and tuned.lineage[-1]["run"]["timesteps"] == "logit_normal"
+    for p, q in zip(first.ema.state_dict().values(), tuned.model.state_dict().values()):
+        assert torch.equal(p, q)
+    tuned.run(echo=None)
+    assert tuned.step == 3
+
+
 def test_exported_weights_load_with_the_opensora_loader(tmp_path):
     from comfyui_chai.opensora.loading import load_stdit3, read_checkpoint_header
 

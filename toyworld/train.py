@@ -302,6 +302,19 @@ class Trainer:
         self.step = int(state["step"])
         self.train_seconds = float(state["train_seconds"])
 
+    def init_from_weights(self, path: Path) -> None:
+        """Start from exported weights (model and EMA both take them; a fresh optimizer; the step they record)."""
+        from ..opensora.loading import load_stdit3, read_checkpoint_header
+
+        facts = json.loads(read_checkpoint_header(path)[1].get("toyworld", "{}"))
+        weights = load_stdit3(path, device=self.device).state_dict()
+        self.model.load_state_dict(weights)
+        self.ema.load_state_dict(weights)
+        self.step = int(facts.get("steps", 0))
+        self.train_seconds = float(facts.get("train_seconds", 0.0))
+        self.lineage = list(facts.get("lineage", [])) + [{"until_step": self.step, "run": facts.get("run", {}),
+                                                          "weights": Path(path).name}]
+
     def export(self, path: Path | None = None) -> Path:
         """Write the EMA model as safetensors with the toy world's facts in the metadata."""
         path = Path(path or self.out_dir / WEIGHTS_FILE)
