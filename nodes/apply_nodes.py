@@ -13,8 +13,8 @@ from typing import Any
 from comfy_api.latest import io
 
 from .canvas import show
-from .chai_nodes import (APPLY_TO, CATEGORY, CHAI_HIT, CHAI_TRACE, KV_MODES, MAX_STEPS, OPENSORA_SCHEDULER, SAMPLERS,
-                         SCHEDULERS, WAN22_BOUNDARY, opensora_schedule, validate_steps)
+from .chai_nodes import (CATEGORY, CHAI_TRACE, OPENSORA_SCHEDULER, SAMPLERS, SCHEDULERS, WAN22_BOUNDARY,
+                         opensora_schedule, schedule_inputs, validate_steps)
 from .errors import user_errors
 from .widgets import combo
 
@@ -49,28 +49,7 @@ class Apply(io.ComfyNode):
                 combo("scheduler", options=SCHEDULERS, default="simple",
                       tooltip="The scheduler your sampler node uses; 'opensora' is OpenSora 1.2's exact schedule "
                               "(feed SIGMAS to SamplerCustomAdvanced then)."),
-                io.Int.Input("full_steps", default=30, min=1, max=MAX_STEPS,
-                             tooltip="Steps on a miss (the full schedule; 30 in the paper and Wan's template)."),
-                io.Int.Input("fast_steps", default=8, min=1, max=MAX_STEPS,
-                             tooltip="Steps on a hit (the paper: 8, about 3.5x faster than 30)."),
-                io.String.Input("cache_steps", default="2,3,4",
-                                tooltip="Steps of the fast schedule, counted from 1, at which Cache Attention runs "
-                                        "(the paper: 2,3,4 of 8)."),
-                combo("kv_mode", options=KV_MODES, default="replace",
-                      tooltip="'replace' (the paper): block 0 attends to the donor's keys/values only; 'concat': "
-                              "to its own and the donor's."),
-                combo("apply_to", options=APPLY_TO, default="cond",
-                      tooltip="'cond': only the prompt half of CFG attends to the donor; 'both': the negative "
-                              "half too."),
-                CHAI_HIT.Input("hit", optional=True,
-                               tooltip="The lookup result from CHAI Cache Lookup; not connected or a miss: full "
-                                       "schedule with donor capture."),
-                io.Model.Input("model_2", optional=True,
-                               tooltip="Wan 2.2 A14B: the low-noise expert (the second sampler's MODEL). Only "
-                                       "identifies the pair for the cache; connect the same one to the lookup."),
-                io.Float.Input("boundary", default=WAN22_BOUNDARY, min=0.0, max=1.0, step=0.005, optional=True,
-                               tooltip="Wan 2.2 A14B: the sigma below which the low-noise expert samples (0.875 "
-                                       "text-to-video, 0.9 image-to-video); sets the switch_step output."),
+                *schedule_inputs(boundary_note="; sets the switch_step output"),
                 io.Conditioning.Input("positive", optional=True,
                                       tooltip="Image-to-video: the positive conditioning your sampler gets (it "
                                               "holds the start image; connect it to the lookup too): a donor must "

@@ -77,6 +77,35 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
+
+def schedule_inputs(boundary_note: str = "") -> list[Any]:
+    """The inputs CHAI Sampler and CHAI Apply share, in their saved-workflow order: steps, cache steps, K/V mode,
+    CFG half, the lookup's hit, and Wan 2.2 A14B's second expert with its boundary."""
+    return [
+        io.Int.Input("full_steps", default=30, min=1, max=MAX_STEPS,
+                     tooltip="Steps on a miss (the full schedule; 30 in the paper and in Wan's template)."),
+        io.Int.Input("fast_steps", default=8, min=1, max=MAX_STEPS,
+                     tooltip="Steps on a hit (the paper: 8, about 3.5x faster than 30)."),
+        io.String.Input("cache_steps", default="2,3,4",
+                        tooltip="Steps of the fast schedule, counted from 1, at which Cache Attention runs (the "
+                                "paper: 2,3,4 of 8). Empty = none (a plain fast run)."),
+        combo("kv_mode", options=KV_MODES, default="replace",
+              tooltip="'replace' (the paper): block 0 attends to the donor's keys/values only. 'concat': to its "
+                      "own and the donor's (keeps more of the new prompt)."),
+        combo("apply_to", options=APPLY_TO, default="cond",
+              tooltip="'cond' (default): only the prompt half of CFG attends to the donor; 'both': the negative "
+                      "half too."),
+        CHAI_HIT.Input("hit", optional=True,
+                       tooltip="The lookup result from CHAI Cache Lookup. Not connected, or a miss: the full "
+                               "schedule runs and the donors are captured."),
+        io.Model.Input("model_2", optional=True,
+                       tooltip="Wan 2.2 A14B: the low-noise expert, which samples the steps below 'boundary' "
+                               "(the second sampler's MODEL in a two-sampler graph). Connect it to the lookup too."),
+        io.Float.Input("boundary", default=WAN22_BOUNDARY, min=0.0, max=1.0, step=0.005, optional=True,
+                       tooltip="Wan 2.2 A14B: the sigma below which the low-noise expert samples (0.875 "
+                               "text-to-video, 0.9 image-to-video)" + boundary_note + "."),
+    ]
+
 class EntityExtract(io.ComfyNode):
     """Extract the entities (objects, scenes) of a prompt for the CHAI cache."""
 
@@ -266,28 +295,7 @@ class Sampler(io.ComfyNode):
                                        "latent's nominal size (OpenSora models only; for a fixed-size checkpoint "
                                        "such as the toy-world model, the uniform schedule with the shift stored "
                                        "in its file); 'simple' suits Wan and matches OpenSora's at 8 steps."),
-                io.Int.Input("full_steps", default=30, min=1, max=MAX_STEPS,
-                             tooltip="Steps on a miss (the paper: 30 for OpenSora; Wan's template: 30)."),
-                io.Int.Input("fast_steps", default=8, min=1, max=MAX_STEPS,
-                             tooltip="Steps on a hit (the paper: 8, about 3.5x faster than 30)."),
-                io.String.Input("cache_steps", default="2,3,4",
-                                tooltip="Steps of the fast schedule, counted from 1, at which Cache Attention "
-                                        "runs (the paper: 2,3,4 of 8). Empty = none (a plain fast run)."),
-                combo("kv_mode", options=KV_MODES, default="replace",
-                               tooltip="'replace' (the paper): block 0 attends to the donor's keys/values only. "
-                                       "'concat': to its own and the donor's (keeps more of the new prompt)."),
-                combo("apply_to", options=APPLY_TO, default="cond",
-                               tooltip="'cond' (default): only the prompt half of CFG attends to the donor; "
-                                       "'both': the negative half too."),
-                CHAI_HIT.Input("hit", optional=True,
-                               tooltip="The lookup result from CHAI Cache Lookup. Not connected, or a miss: the "
-                                       "full schedule runs and the donors are captured."),
-                io.Model.Input("model_2", optional=True,
-                               tooltip="Wan 2.2 A14B: the low-noise expert; it samples the steps below 'boundary', "
-                                       "'model' (the high-noise expert) the others. Connect it to the lookup too."),
-                io.Float.Input("boundary", default=WAN22_BOUNDARY, min=0.0, max=1.0, step=0.005, optional=True,
-                               tooltip="With model_2: the sigma below which model_2 samples (Wan 2.2 A14B: 0.875 "
-                                       "text-to-video, 0.9 image-to-video)."),
+                *schedule_inputs(),
             ],
             outputs=[
                 io.Latent.Output("samples", display_name="LATENT", tooltip="The sampled latent (decode it as usual)."),
