@@ -106,7 +106,7 @@ def print_report(rows: dict, steps: list[int], what: str) -> None:
         r = rows[key]
         d, lo, hi = r["d_fd_net"]
         verdict = "better" if hi < 0 else "worse" if lo > 0 else "no difference"
-        ok = abs(r["attrs"][0] - ref_attrs) <= 0.01 and (r["leak"] != r["leak"] or r["leak"] <= 0.02)
+        ok = r["attrs"][0] >= ref_attrs - 0.01 and (r["leak"] != r["leak"] or r["leak"] <= 0.02)
         leak = "-" if r["leak"] != r["leak"] else f"{100 * r['leak']:.1f}%"
         print(f"  {label(key):32s} {verdict:14s} FD {d:+.2f} [{lo:+.2f}, {hi:+.2f}]  attrs "
               f"{100 * r['attrs'][0]:.1f}% vs {100 * ref_attrs:.1f}%  leak {leak}"
