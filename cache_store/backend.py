@@ -57,3 +57,30 @@ class CacheBackend(Protocol):
 
     def close(self) -> None:
         """Release the backend's resources."""
+
+
+class StoredSettings:
+    """Budget and policy read from where a backend keeps them (`_settings`), and closing on leaving a `with`."""
+
+    def _settings(self) -> tuple[int, str]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def budget_bytes(self) -> int:
+        """The cache's budget for latent bytes, as the cache itself stores it (shared by all its users)."""
+        return self._settings()[0]
+
+    @property
+    def policy(self) -> str:
+        """The cache's eviction policy, as the cache itself stores it."""
+        return self._settings()[1]
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -20,6 +20,7 @@ from filelock import FileLock, Timeout
 from . import latents as lat
 from . import lookup_flow, pg_maintenance, pg_schema
 from .config import StoreConfig
+from .backend import StoredSettings
 from .errors import CacheEntryError, CacheError, CacheUnavailableError, InvalidEntryError
 from .index_sync import IndexKeeper
 from .naming import validate_cache_name
@@ -38,7 +39,7 @@ SAVE_INDEX_INTERVAL = 300.0  # ... at most every 5 minutes
 INDEX_FOLDER = ".server-index"  # under the local cache root: <schema>-<instance>/ per cache and server
 
 
-class PgCacheStore:
+class PgCacheStore(StoredSettings):
     """A budgeted, entity-indexed store of donor latents on a PostgreSQL server (a CacheBackend)."""
 
     def __init__(self, server: ServerURL, name: str, config: StoreConfig | None = None, *,
@@ -103,16 +104,6 @@ class PgCacheStore:
         self._open()
         budget, policy = self.db.query("SELECT budget_bytes, policy FROM state")[0]
         return int(budget), str(policy)
-
-    @property
-    def budget_bytes(self) -> int:
-        """The cache's budget for latent bytes, as stored on the server."""
-        return self._settings()[0]
-
-    @property
-    def policy(self) -> str:
-        """The cache's eviction policy, as stored on the server."""
-        return self._settings()[1]
 
     def set_budget(self, budget_bytes: int) -> None:
         """Change the cache's budget (logged); the next insert or prune enforces it."""
@@ -323,9 +314,3 @@ class PgCacheStore:
             log.warning("[CHAI] could not bring the entity index of %s up to date on close: %s", self.root, exc)
         finally:
             self.db.close()
-
-    def __enter__(self) -> "PgCacheStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -18,6 +18,7 @@ from filelock import FileLock, Timeout
 from . import latents as lat
 from . import lookup_flow, maintenance
 from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, POLICIES, StoreConfig
+from .backend import StoredSettings
 from .errors import CacheEntryError, CacheError, EmbedderMismatchError, InvalidEntryError
 from .index_sync import IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
@@ -37,7 +38,7 @@ SAVE_INDEX_INTERVAL = 300.0  # ... but at most every 5 minutes: a save writes th
 SET_ASIDE_TIMEOUT = 5.0  # a lookup waits this long for the writer lock to quarantine a damaged entry, then skips
 
 
-class CacheStore:
+class CacheStore(StoredSettings):
     """A persistent, budgeted, entity-indexed store of donor latents in one folder (a CacheBackend)."""
 
     def __init__(self, root: str | os.PathLike, config: StoreConfig | None = None, *, lock_timeout: float = 120.0,
@@ -86,16 +87,6 @@ class CacheStore:
         meta = dict(self.manifest.query("SELECT key, value FROM meta WHERE key IN ('budget_bytes', 'policy')"))
         return (_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
                 _setting("policy", meta.get("policy")) or DEFAULT_POLICY)
-
-    @property
-    def budget_bytes(self) -> int:
-        """The cache's budget for latent bytes, as stored in its manifest."""
-        return self._settings()[0]
-
-    @property
-    def policy(self) -> str:
-        """The cache's eviction policy, as stored in its manifest."""
-        return self._settings()[1]
 
     def set_budget(self, budget_bytes: int) -> None:
         """Change the cache's budget (logged); the next insert or prune enforces it."""
@@ -306,11 +297,6 @@ class CacheStore:
         finally:
             self.manifest.close()
 
-    def __enter__(self) -> "CacheStore":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _setting(key: str, value: str | None) -> Any:
@@ -324,4 +310,3 @@ def _setting(key: str, value: str | None) -> Any:
     except ValueError:
         return None
     return number if number > 0 else None
-

@@ -13,8 +13,8 @@ from typing import Any
 from comfy_api.latest import io
 
 from .canvas import show
-from .chai_nodes import (CATEGORY, CHAI_TRACE, OPENSORA_SCHEDULER, SAMPLERS, SCHEDULERS, WAN22_BOUNDARY,
-                         opensora_schedule, schedule_inputs, validate_steps)
+from .chai_nodes import (CATEGORY, CHAI_TRACE, SAMPLERS, SCHEDULERS, WAN22_BOUNDARY, chai_plan_inputs,
+                         schedule_inputs, validate_steps)
 from .errors import user_errors
 from .widgets import combo
 
@@ -84,16 +84,11 @@ class Apply(io.ComfyNode):
         node = "CHAI Apply"
         with user_errors(node):
             from ..chai_attention.comfy_apply import chai_apply
-            from ..chai_attention.comfy_glue import comfy_schedule, request_fingerprint
+            from ..chai_attention.comfy_glue import request_fingerprint
             from ..chai_attention.conditioning import conditioning_digest
-            from ..chai_attention.config import ChaiConfig
 
-            config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=cache_steps,
-                                kv_mode=kv_mode, apply_to=apply_to)
-            if scheduler == OPENSORA_SCHEDULER:
-                schedule = opensora_schedule(model, latent, node)
-            else:
-                schedule = comfy_schedule(model, sampler_name, scheduler)
+            config, schedule = chai_plan_inputs(node, model, latent, sampler_name, scheduler, full_steps, fast_steps,
+                                                cache_steps, kv_mode, apply_to)
             if model_2 is not None:
                 from ..chai_attention.adapters import get_adapter
 

@@ -320,15 +320,10 @@ class Sampler(io.ComfyNode):
                 boundary: float = WAN22_BOUNDARY) -> io.NodeOutput:
         node = "CHAI Sampler"
         with user_errors(node):
-            from ..chai_attention.comfy_glue import chai_sample, comfy_schedule
-            from ..chai_attention.config import ChaiConfig
+            from ..chai_attention.comfy_glue import chai_sample
 
-            config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=cache_steps,
-                                kv_mode=kv_mode, apply_to=apply_to)
-            if scheduler == OPENSORA_SCHEDULER:
-                schedule = opensora_schedule(model, latent, node)
-            else:
-                schedule = comfy_schedule(model, sampler_name, scheduler)
+            config, schedule = chai_plan_inputs(node, model, latent, sampler_name, scheduler, full_steps, fast_steps,
+                                                cache_steps, kv_mode, apply_to)
             out, trace = chai_sample(model, positive, negative, latent, seed=seed, cfg=cfg,
                                      sampler_name=sampler_name, scheduler=scheduler, config=config,
                                      schedule=schedule, hit=hit, model_2=model_2, boundary=boundary)
@@ -336,6 +331,19 @@ class Sampler(io.ComfyNode):
 
         report = (f"{trace.report.text()}\nsampler {sampler_name}, scheduler {scheduler}, cfg {cfg:g}, seed {seed}")
         return io.NodeOutput(out, trace, report, ui=show(sampler_status(trace.report), report))
+
+
+def chai_plan_inputs(node: str, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int,
+                     fast_steps: int, cache_steps: str, kv_mode: str, apply_to: str) -> tuple[Any, Any]:
+    """(ChaiConfig, steps -> sigmas) from the schedule inputs CHAI Sampler and CHAI Apply share."""
+    from ..chai_attention.comfy_glue import comfy_schedule
+    from ..chai_attention.config import ChaiConfig
+
+    config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=cache_steps, kv_mode=kv_mode,
+                        apply_to=apply_to)
+    if scheduler == OPENSORA_SCHEDULER:
+        return config, opensora_schedule(model, latent, node)
+    return config, comfy_schedule(model, sampler_name, scheduler)
 
 
 def opensora_schedule(model: Any, latent: dict, node: str) -> Any:
