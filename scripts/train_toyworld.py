@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="shift training sigmas toward high noise (1 = none)")
     p.add_argument("--object-weight", type=float, default=d.object_weight,
                    help="loss weight of object pixels relative to background (1 = plain MSE)")
+    p.add_argument("--temporal-weight", type=float, default=d.temporal_weight,
+                   help="weight of a loss on frame-to-frame differences of the velocity error (0 = none)")
     p.add_argument("--hidden-size", type=int, default=d.hidden_size)
     p.add_argument("--depth", type=int, default=d.depth)
     p.add_argument("--num-heads", type=int, default=d.num_heads)
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                          warmup_steps=a.warmup_steps, ema_decay=a.ema_decay, caption_dropout=a.caption_dropout,
                          timesteps=a.timesteps, timestep_shift=a.timestep_shift, decay_steps=a.decay_steps,
                          final_lr_ratio=a.final_lr_ratio, object_weight=a.object_weight,
+                         temporal_weight=a.temporal_weight,
                          hidden_size=a.hidden_size, depth=a.depth, num_heads=a.num_heads,
                          patch_t=a.patch_t,
                          max_steps=a.steps, minutes=a.minutes, checkpoint_every=a.checkpoint_every,

@@ -363,3 +363,27 @@ def test_object_weight_changes_the_loss_not_the_plain_mse(tmp_path):
     assert not torch.allclose(lh, mh)
     with pytest.raises(ValueError, match="object_weight"):
         TrainConfig(out_dir=str(tmp_path), object_weight=0.5)
+
+
+def test_temporal_weight_adds_a_frame_difference_term_to_the_loss_only(tmp_path):
+    runs = {w: Trainer(TrainConfig(out_dir=str(tmp_path / str(w)), object_weight=1.0, temporal_weight=w, **TINY))
+            for w in (0.0, 1.0, 2.0)}
+    with torch.no_grad():
+        (l0, m0), (l1, m1), (l2, m2) = (runs[w].losses_on(3) for w in (0.0, 1.0, 2.0))
+    assert torch.allclose(m0, m1) and torch.allclose(m0, m2)  # the plain velocity MSE is unchanged
+    assert l1 > l0 and torch.allclose(l2 - l0, 2 * (l1 - l0))  # the added term scales with the weight
+    with pytest.raises(ValueError, match="temporal_weight"):
+        TrainConfig(out_dir=str(tmp_path), temporal_weight=-1.0)
+
+
+def test_a_checkpoint_from_before_a_run_field_existed_resumes_with_that_fields_default(tmp_path):
+    first = Trainer(TrainConfig(out_dir=str(tmp_path), max_steps=1, **TINY))
+    first.run(echo=None)
+    state = torch.load(first.state_path, weights_only=True)
+    del state["run"]["temporal_weight"]  # as written before the field was added
+    torch.save(state, first.state_path)
+    again = Trainer(TrainConfig(out_dir=str(tmp_path), max_steps=2, **TINY))
+    again.load()
+    assert again.step == 1 and again.lineage == []
+    with pytest.raises(ValueError, match="temporal_weight"):
+        Trainer(TrainConfig(out_dir=str(tmp_path), temporal_weight=0.5, **TINY)).load()

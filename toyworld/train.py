@@ -40,8 +40,8 @@ TIMESTEP_SAMPLERS = ("logit_normal", "uniform", "mixed")
 # Fields that change what is trained; a resumed run must keep them (budgets, logging and device may change; the
 # lr decay's end, decay_steps, is a budget: a run resumed with a new step budget may move it).
 RUN_FIELDS = ("seed", "batch_size", "lr", "warmup_steps", "weight_decay", "grad_clip", "ema_decay",
-              "caption_dropout", "timesteps", "timestep_shift", "object_weight", "hidden_size", "depth", "num_heads", "mlp_ratio",
-              "patch_t", "split_seed", "held_out_fraction")
+              "caption_dropout", "timesteps", "timestep_shift", "object_weight", "temporal_weight", "hidden_size",
+              "depth", "num_heads", "mlp_ratio", "patch_t", "split_seed", "held_out_fraction")
 
 
 @dataclass
@@ -67,6 +67,10 @@ class TrainConfig:
     decay_steps: int = 0
     final_lr_ratio: float = 0.05
     object_weight: float = 2.0  # loss weight of the object's pixels (and their neighbours) relative to the rest
+    # Weight of an extra loss on the frame-to-frame differences of the velocity error. It has the same minimiser
+    # as the plain loss (a quadratic form of the error), but it weighs the temporally incoherent part of the error
+    # more: the part that samples show as ghost trails and flicker.
+    temporal_weight: float = 0.0
     hidden_size: int = 128
     depth: int = 4
     num_heads: int = 4
@@ -107,6 +111,8 @@ class TrainConfig:
             raise ValueError(f"timesteps must be one of {TIMESTEP_SAMPLERS}, got {self.timesteps!r}")
         if self.object_weight < 1.0:
             raise ValueError(f"object_weight must be >= 1, got {self.object_weight}")
+        if self.temporal_weight < 0.0:
+            raise ValueError(f"temporal_weight must be >= 0, got {self.temporal_weight}")
         if self.max_steps is not None and self.max_steps < 0:
             raise ValueError(f"max_steps must be >= 0, got {self.max_steps}")
         if self.minutes is not None and self.minutes <= 0:
@@ -239,12 +245,17 @@ class Trainer:
         x_t = (1 - s) * x0 + s * noise
         out = self.model(x_t, sigma * 1000.0, batch.y.to(dev), batch.mask.to(dev),
                          y_drop=drop.to(dev), **self.video.model_kwargs(cfg.batch_size, dev))
-        err = (out[:, : x0.shape[1]] - (x0 - noise)).pow(2)
+        diff = out[:, : x0.shape[1]] - (x0 - noise)
+        err = diff.pow(2)
         plain = err.mean()
         if cfg.object_weight == 1.0:
-            return plain, plain
-        weight = 1.0 + (cfg.object_weight - 1.0) * object_halo(batch.objects).to(dev)
-        return (err * weight).sum() / (weight.sum() * err.shape[1]), plain
+            loss = plain
+        else:
+            weight = 1.0 + (cfg.object_weight - 1.0) * object_halo(batch.objects).to(dev)
+            loss = (err * weight).sum() / (weight.sum() * err.shape[1])
+        if cfg.temporal_weight > 0.0:
+            loss = loss + cfg.temporal_weight * (diff[:, :, 1:] - diff[:, :, :-1]).pow(2).mean()
+        return loss, plain
 
     def train_step(self) -> float:
         """One optimisation step (and EMA update); returns the plain velocity MSE of its batch."""
@@ -289,7 +300,9 @@ class Trainer:
         (a fine-tune: the other settings are kept in `lineage`, and in the exported weights' metadata)."""
         path = Path(path or self.state_path)
         state = torch.load(path, map_location=self.device, weights_only=True)
-        mine, theirs = self.config.run_fields(), state.get("run", {})
+        mine = self.config.run_fields()
+        # A field added after a checkpoint was written had its default then.
+        theirs = {k: TrainConfig.__dataclass_fields__[k].default for k in RUN_FIELDS} | state.get("run", {})
         diff = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) != v}
         if diff and strict:
             raise ValueError(f"{path} was trained with other settings (checkpoint, now): {diff}")
