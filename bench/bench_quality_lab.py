@@ -102,15 +102,20 @@ def print_report(rows: dict, steps: list[int], what: str) -> None:
         print(table(*table_rows([rows[k] for k in sorted(ablation, key=lambda k: (-k[2], k[3], k[1]))])))
     print("\nVerdicts (FD features: CHAI N against plain N, paired; attributes against 30 steps):")
     ref_attrs = rows[("reference", "-", FULL, "-")]["attrs"][0]
-    for key in [k for k in grid if k[0] == "chai"] + sorted(ablation):
+    compared = [k for k in grid if k[0] == "chai"] + sorted(ablation)
+    beyond = 0
+    for key in compared:
         r = rows[key]
         d, lo, hi = r["d_fd_net"]
         verdict = "better" if hi < 0 else "worse" if lo > 0 else "no difference"
+        beyond += verdict != "no difference"
         ok = r["attrs"][0] >= ref_attrs - 0.01 and (r["leak"] != r["leak"] or r["leak"] <= 0.02)
         leak = "-" if r["leak"] != r["leak"] else f"{100 * r['leak']:.1f}%"
         print(f"  {label(key):32s} {verdict:14s} FD {d:+.2f} [{lo:+.2f}, {hi:+.2f}]  attrs "
               f"{100 * r['attrs'][0]:.1f}% vs {100 * ref_attrs:.1f}%  leak {leak}"
               f"{'' if ok else '  (fails the attribute / leakage bar)'}")
+    print(f"  {beyond} of {len(compared)} paired comparisons lie beyond their 95% interval; chance alone puts about "
+          f"{len(compared) / 20:.1f} there, so read a single one with care")
 
 
 def write_plot(path: Path, rows: dict, steps: list[int]) -> None:
