@@ -1,6 +1,7 @@
 """Train the toy world's tiny STDiT3 with rectified flow (CPU by default), resumable and time-budgeted.
 
-    python scripts/train_toyworld.py --out toy_ckpt --preset cpu                        # the shipped recipe
+    python scripts/train_toyworld.py --out toy_ckpt --preset cpu                        # the first lab recipe
+    python scripts/train_toyworld.py --out toy_wide --preset cpu-wide                   # the wide lab model
     python scripts/train_toyworld.py --out toy_gpu --preset cuda                        # a larger model, GPU
     python scripts/train_toyworld.py --out toy_ckpt --minutes 50 --threads 2            # a first part
     python scripts/train_toyworld.py --out toy_ckpt --minutes 50 --threads 2 --resume   # the next part
@@ -27,6 +28,10 @@ from comfyui_chai.toyworld.train import TrainConfig, Trainer  # noqa: E402
 PRESETS: dict[str, dict[str, object]] = {
     "cpu": {"hidden_size": 128, "depth": 4, "num_heads": 4, "batch_size": 16, "lr": 1e-3, "timesteps": "mixed",
             "timestep_shift": 2.0, "steps": 8500, "decay_steps": 8500, "threads": 1},
+    # The wide lab model (issue 12): hidden 176 carries each token's 128 input values (8 frames x 2 x 2 x 4) with
+    # room to spare; at 128 the model drew its grain anew in every frame. About 55 minutes at two threads.
+    "cpu-wide": {"hidden_size": 176, "depth": 4, "num_heads": 4, "batch_size": 16, "lr": 1e-3, "timesteps": "mixed",
+                 "timestep_shift": 2.0, "steps": 12500, "decay_steps": 12500, "threads": 2},
     "cuda": {"hidden_size": 144, "depth": 6, "num_heads": 4, "batch_size": 64, "lr": 5e-4, "timesteps": "mixed",
              "timestep_shift": 2.0, "steps": 6000, "decay_steps": 6000, "device": "cuda", "data_workers": 12,
              "minutes": 10.0},
@@ -38,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = TrainConfig(out_dir="-")
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                   help="a ready recipe: cpu (the shipped weights) or cuda (a larger model for a GPU)")
+                   help="a ready recipe: cpu (the first lab model), cpu-wide (the wide lab model) or cuda (a larger "
+                        "model for a GPU)")
     p.add_argument("--data-workers", type=int, default=d.data_workers,
                    help="processes rendering upcoming batches (same batches as 0)")
     p.add_argument("--out", required=True, help="folder for the checkpoint, the log and the exported weights")
