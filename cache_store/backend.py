@@ -83,4 +83,3 @@ class StoredSettings:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-

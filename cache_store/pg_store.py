@@ -19,8 +19,8 @@ from filelock import FileLock, Timeout
 
 from . import latents as lat
 from . import lookup_flow, pg_maintenance, pg_schema
-from .config import StoreConfig
 from .backend import StoredSettings
+from .config import StoreConfig
 from .errors import CacheEntryError, CacheError, CacheUnavailableError, InvalidEntryError
 from .index_sync import IndexKeeper
 from .naming import validate_cache_name

@@ -17,8 +17,8 @@ from filelock import FileLock, Timeout
 
 from . import latents as lat
 from . import lookup_flow, maintenance
-from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, POLICIES, StoreConfig
 from .backend import StoredSettings
+from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, POLICIES, StoreConfig
 from .errors import CacheEntryError, CacheError, EmbedderMismatchError, InvalidEntryError
 from .index_sync import IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
@@ -296,7 +296,6 @@ class CacheStore(StoredSettings):
             log.warning("[CHAI] could not save the entity index on close: %s", exc)
         finally:
             self.manifest.close()
-
 
 
 def _setting(key: str, value: str | None) -> Any:

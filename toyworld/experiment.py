@@ -23,7 +23,7 @@ from ..opensora.sampler import make_noise, opensora_model_kwargs, sample
 from .detect import detect
 from .latent import decode
 from .model import DEFAULT_CFG
-from .prompts import Combo, caption
+from .prompts import Combo, caption, seeded_prefix
 from .quality import (DONOR_KINDS, NIRVANA_START_SIGMA, cache_steps_for, nearest_by_cosine, nirvana_plan,
                       one_entity_donor, psnr, ssim)
 
@@ -76,11 +76,8 @@ def make_items(held_out: Sequence[Combo], pool: Sequence[Combo], n: int | None, 
     # Prompt seeds 1000 + i, donor seeds 5000 + 2 i + kind; donors come from `pool`. A donor caption that
     # accept(prompt, donor_prompt) rejects is drawn again (another phrasing of the same donor), up to `tries` times.
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(held_out))
-    n = len(held_out) if n is None else min(n, len(held_out))
     items = []
-    for i, j in enumerate(order[:n]):
-        combo = tuple(held_out[int(j)])
+    for i, combo in enumerate(seeded_prefix(held_out, n, rng)):
         prompt = caption(combo, rng)
         donors, redrawn = {}, 0
         for k, kind in enumerate(DONOR_KINDS):

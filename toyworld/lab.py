@@ -24,7 +24,7 @@ from torch import Tensor
 from ..chai_attention.kv import cache_attention, chunk_row_mask
 from ..opensora.sampler import make_noise, opensora_model_kwargs, sample
 from .model import DEFAULT_CFG, ToyVideoSpec, toy_sigmas
-from .prompts import Combo, caption
+from .prompts import Combo, caption, seeded_prefix
 from .quality import cache_steps_for, is_one_entity_donor
 
 RELATIONS: tuple[str, ...] = ("scene", "object", "none", "same")
@@ -72,11 +72,8 @@ def make_lab_items(held_out: Sequence[Combo], pool: Sequence[Combo], n: int | No
                    seed: int = 0) -> list[LabItem]:
     """n held-out prompts (seeded order) with one donor per relation; prompt seeds 1000 + i, donors 5000 + 4 i + k."""
     rng = np.random.default_rng(seed)
-    order = rng.permutation(len(held_out))
-    n = len(held_out) if n is None else min(n, len(held_out))
     items = []
-    for i, j in enumerate(order[:n]):
-        combo = tuple(held_out[int(j)])
+    for i, combo in enumerate(seeded_prefix(held_out, n, rng)):
         req = Request(caption(combo, rng), combo, 1000 + i)  # type: ignore[arg-type]
         donors = {}
         for k, rel in enumerate(RELATIONS):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -87,3 +88,10 @@ def make_split(seed: int = 0, held_out_fraction: float = 0.1) -> Split:
     held = sorted(combos[i] for i in order[:n_held])
     train = sorted(combos[i] for i in order[n_held:])
     return Split(tuple(train), tuple(held))
+
+
+def seeded_prefix(held_out: Sequence[Combo], n: int | None, rng: np.random.Generator) -> list[Combo]:
+    """The first n combinations (all when None) of a permutation drawn from `rng`: a smaller run is a prefix."""
+    order = rng.permutation(len(held_out))
+    n = len(held_out) if n is None else min(n, len(held_out))
+    return [tuple(held_out[int(j)]) for j in order[:n]]  # type: ignore[misc]
