@@ -36,7 +36,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_chai_comfy import CAPTURED, Comfy  # noqa: E402  (ComfyUI in this process; the pack as it loads it)
+from bench.bench_chai_comfy import (CAPTURED, DEFAULT_CACHE_STEPS,  # noqa: E402  (ComfyUI in this process)
+                                    Comfy)
 
 LAB_MODEL = "toyworld_detail_stdit3.safetensors"  # the quality lab's model (detailed world), not the demo's
 GT_SEED = 5000  # ground-truth render of request i: random_spec(combo, default_rng(GT_SEED + i))
@@ -86,7 +87,7 @@ def request_graph(prompt: str, seed: int, cache: str, *, lookup: bool, easycache
         "sampler": {"class_type": "CHAI_Sampler", "inputs": {
             "model": ["tap", 0], "positive": ["text", 0],
             "negative": ["text", 1], "latent": ["latent", 0], "seed": seed, "cfg": 2.0, "sampler_name": "euler",
-            "scheduler": "opensora", "full_steps": 30, "fast_steps": 8, "cache_steps": "2,3,4",
+            "scheduler": "opensora", "full_steps": 30, "fast_steps": 8, "cache_steps": DEFAULT_CACHE_STEPS,
             "kv_mode": "replace", "apply_to": "cond"}},
         "write": {"class_type": "CHAI_CacheWrite", "inputs": {
             "cache": ["cache", 0], "entities": ["ents", 0], "trace": ["sampler", 1]}},
@@ -234,8 +235,8 @@ def print_table(comfy: Comfy, results: dict[str, list[dict]], quality: dict[str,
                     + lab_cells(quality[config]))
     rows.append(["ground truth (renders)"] + ["-"] * 8 + lab_cells(quality["ground truth"]))
     print(f"toy-world stream of {n} requests (seed {args.seed}); toy STDiT3 {args.model}, euler, exact OpenSora "
-          f"schedule, 30 / 8 steps, cache steps 2,3,4; EasyCache threshold {args.easycache_threshold} from 15% to "
-          "95% of the steps; "
+          f"schedule, 30 / 8 steps, cache steps {DEFAULT_CACHE_STEPS}; EasyCache threshold "
+          f"{args.easycache_threshold} from 15% to 95% of the steps; "
           f"{args.threads} thread(s). 'model forwards': the diffusion model's real passes (a CFG batch is one). "
           "PSNR against the no-cache clip of the same prompt and seed (inf = identical). Quality lab measures "
           "(95% bootstrap intervals over requests): all four attributes right; background HF energy and flicker "

@@ -2,7 +2,7 @@
 
 Each request extracts the prompt's entities (spaCy), looks them up in a real cache folder (MiniLM + index), and
 then either misses (full 30-step schedule; its donor latents are stored) or hits (8 steps, Cache Attention at
-steps 2-4 fed by the donor's latents). Every video is written as a GIF and read back by the toy world's
+the pack's cache steps, 5 and 6, fed by the donor's latents). Every video is written as a GIF and read back by the toy world's
 detectors (scene, object, colour, motion), so each line says whether the video shows what the prompt asked for.
 
     python -m bench.demo_chai                  # 20 requests into ./demo_cache, GIFs in ./demo_out
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cfg", type=float, default=None, help="guidance scale (default: the toy model's)")
     ap.add_argument("--full-steps", type=int, default=30)
     ap.add_argument("--fast-steps", type=int, default=8)
-    ap.add_argument("--cache-steps", default="2,3,4")
+    ap.add_argument("--cache-steps", default=None, help="cache steps of a hit (default: the pack's, 5,6)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     args = ap.parse_args(argv)
 
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from comfyui_chai.toyworld.stream import make_stream, request_lines, serve, summary_text
 
     try:
-        config = ChaiConfig(full_steps=args.full_steps, fast_steps=args.fast_steps, cache_steps=args.cache_steps)
+        steps = ChaiConfig().cache_steps if args.cache_steps is None else args.cache_steps
+        config = ChaiConfig(full_steps=args.full_steps, fast_steps=args.fast_steps, cache_steps=steps)
         stream = make_stream(args.n, args.seed)
         model = load_toy_model(args.weights)
     except (ValueError, FileNotFoundError) as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Sequence
 
-from .constants import APPLY_TO, DONOR_MAPPINGS, KV_MODES
+from .constants import APPLY_TO, DEFAULT_CACHE_STEPS, DONOR_MAPPINGS, KV_MODES
 
 
 def parse_cache_steps(value: str | int | Sequence[int] | None) -> tuple[int, ...]:
@@ -65,7 +65,7 @@ class ChaiConfig:
 
     full_steps: int = 30
     fast_steps: int = 8
-    cache_steps: tuple[int, ...] = (2, 3, 4)  # 1-based steps of the fast schedule; "2,3,4" strings are parsed
+    cache_steps: tuple[int, ...] = DEFAULT_CACHE_STEPS  # 1-based steps of the fast schedule; "5,6" is parsed
     kv_mode: str = "replace"  # "replace": donor K/V only (the paper); "concat": own tokens plus donor tokens
     apply_to: str = "cond"  # "cond": only the conditional CFG half attends to the donor; "both": both halves
     donor_mapping: str = "matched_sigma"  # which donor latent serves a cache step (see steps.py)

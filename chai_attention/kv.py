@@ -52,19 +52,29 @@ def chunk_row_mask(flags: Sequence[bool], rows: int, device: torch.device | str 
 
 
 def cache_attention(q: Tensor, k: Tensor, v: Tensor, k_donor: Tensor, v_donor: Tensor, attend: Attend, *,
-                    mode: str = "replace", rows: Tensor | None = None) -> Tensor:
+                    mode: str = "replace", rows: Tensor | None = None, strength: float = 1.0) -> Tensor:
     """attend(q, K, V) where rows marked in `rows` (bool [R], None = all) use the donor's K/V per `mode`.
 
     `attend` is the block's own attention plus output projection; unmarked rows attend to their own k/v exactly
     as the unpatched block would. Donor K/V rows are tiled over the marked rows (see the module docstring).
+    `strength` in [0, 1] blends the marked rows' outputs: own + strength * (borrowed - own); 1 is the paper's.
     """
-    if rows is None or bool(rows.all()):
-        return attend(q, *combine_kv(k, v, k_donor, v_donor, mode))
-    if not bool(rows.any()):
-        return attend(q, k, v)
+    if not 0.0 <= float(strength) <= 1.0:
+        raise ValueError(f"Cache Attention strength must lie in [0, 1], got {strength!r}")
+    if rows is None:
+        rows = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
     rows = rows.to(q.device)
-    live = ~rows
+    if not bool(rows.any()) or strength == 0.0:
+        return attend(q, k, v)
+    if bool(rows.all()) and strength == 1.0:
+        return attend(q, *combine_kv(k, v, k_donor, v_donor, mode))
     patched = attend(q[rows], *combine_kv(k[rows], v[rows], k_donor, v_donor, mode))
+    if strength != 1.0:
+        own_marked = attend(q[rows], k[rows], v[rows]).to(patched.dtype)
+        patched = own_marked + float(strength) * (patched - own_marked)
+    if bool(rows.all()):
+        return patched
+    live = ~rows
     own = attend(q[live], k[live], v[live])
     out = patched.new_empty((q.shape[0], *patched.shape[1:]))
     out[rows] = patched

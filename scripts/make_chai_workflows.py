@@ -21,8 +21,10 @@ sys.path.insert(0, str(REPO))
 
 from workflow_api import WIDGET_TYPES, ui_to_api  # noqa: E402
 
+from comfyui_chai.chai_attention.config import ChaiConfig  # noqa: E402
 from comfyui_chai.toyworld.model import DEFAULT_CFG as TOY_CFG  # noqa: E402
 
+PACK_CACHE_STEPS = ",".join(map(str, ChaiConfig().cache_steps))  # the CHAI Sampler / CHAI Apply default
 SPECS = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
 FRONTEND_VERSION = "1.27.10"
 OPENSORA_PROMPT = "a golden retriever running along a sunny beach at sunset, waves in the background"
@@ -36,7 +38,7 @@ street, desert), objects (ball, car, kite, bird, box), colours (red, blue, green
 
 1. Queue the prompt as it is: a **miss** (30 steps, its latents stored in the cache "toyworld").
 2. Change it to a prompt that shares an entity, e.g. *a blue kite drifting left across a sandy beach*, and queue
-   again: a **hit** (8 steps, Cache Attention at steps 2, 3, 4 takes the beach from the first video).
+   again: a **hit** (8 steps; at steps 5 and 6 the first block attends to the beach video's keys and values).
 
 The lookup, sampler and write nodes report what happened; the video (128x128, 8 frames played at 8 fps: one
 second) is saved under output/video/, and a looping animated WEBP preview under output/. Text is encoded by the toy's own word hashing (no CLIP); cfg TOY_CFG_TEXT is what the model was
@@ -189,7 +191,7 @@ def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], n
     ents = g.node("CHAI_EntityExtract", (a, 380), [""], size=(320, 240))
     g.link(prompt, 0, ents, "prompt")
     sampler_id = g.node("CHAI_Sampler", (b, 460 if with_lookup else 40),
-                        [42, "randomize", cfg, sampler, scheduler, 30, 8, "2,3,4", "replace", "cond", 0.875],
+                        [42, "randomize", cfg, sampler, scheduler, 30, 8, PACK_CACHE_STEPS, "replace", "cond", 0.875],
                         size=(380, 700))
     for name, (src, slot) in (("model", (model, 0)), ("positive", positive), ("negative", negative),
                               ("latent", (latent, 0))):
@@ -319,7 +321,8 @@ def wan_text(g: UIGraph, prompt: int, y: int) -> tuple[int, int]:
 
 
 def apply_nodes(g: UIGraph, model: int, latent: int, prompt: int, *, cache_name: str, sampler: str, x: int,
-                model_2: int | None = None, positive: int | None = None) -> tuple[int, int, int, int]:
+                model_2: int | None = None, positive: int | None = None,
+                cache_steps: str = PACK_CACHE_STEPS) -> tuple[int, int, int, int]:
     """Cache, entity extract, lookup and CHAI Apply; returns (apply, cache, entities, lookup) node ids."""
     cache = g.node("CHAI_CacheOpen", (x, 40), [cache_name, 2.0, "lru", "minilm"], size=(300, 140))
     ents = g.node("CHAI_EntityExtract", (x, 220), [""], size=(300, 120))
@@ -327,7 +330,7 @@ def apply_nodes(g: UIGraph, model: int, latent: int, prompt: int, *, cache_name:
     lookup = g.node("CHAI_CacheLookup", (x, 380), [0.0], size=(300, 200))
     for name, src in (("cache", cache), ("entities", ents), ("model", model), ("latent", latent)):
         g.link(src, 0, lookup, name)
-    apply = g.node("CHAI_Apply", (x + 340, 40), [sampler, "simple", 30, 8, "2,3,4", "replace", "cond", 0.875],
+    apply = g.node("CHAI_Apply", (x + 340, 40), [sampler, "simple", 30, 8, cache_steps, "replace", "cond", 0.875],
                    size=(340, 420))
     g.link(model, 0, apply, "model")
     g.link(latent, 0, apply, "latent")
@@ -359,7 +362,9 @@ def wan22_a14b_t2v() -> UIGraph:
     g.note((-420, 40), "## CHAI on Wan 2.2 T2V A14B (two experts)\n\nComfyUI's two-sampler Wan 2.2 graph with CHAI "
                        "Apply on the high-noise expert: it gives both KSamplerAdvanced their step count (30 on a "
                        "miss, 8 on a hit) and the switch step (where sigma falls below 0.875). Cache Attention runs "
-                       "at steps 2, 3, 4 of a hit, all on the high-noise expert. The low-noise expert goes to the "
+                       "at steps 2, 3, 4 of a hit (the paper's setting; the pack's default 5,6 would fall on the "
+                       "low-noise expert, which CHAI Apply does not patch), all on the high-noise expert. The "
+                       "low-noise expert goes to the "
                        "lookup and CHAI Apply as model_2: a cache entry serves this pair only.\n\n"
            + files_note("wan22_t2v_high", "wan22_t2v_low", "umt5_xxl", "wan21_vae"), size=(420, 520))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
@@ -374,6 +379,7 @@ def wan22_a14b_t2v() -> UIGraph:
     positive, negative = wan_text(g, prompt, 800)
     latent = g.node("EmptyHunyuanLatentVideo", (0, 1320), [832, 480, 81, 1], size=(320, 160))
     apply, cache, ents, _ = apply_nodes(g, high, latent, prompt, cache_name="wan22_a14b", sampler="euler", x=440,
+                                        cache_steps="2,3,4",
                                         model_2=low)
     samplers = []
     for i, (model, noise, leftover) in enumerate(((apply, "enable", "enable"), (low, "disable", "disable"))):

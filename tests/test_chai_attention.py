@@ -21,6 +21,8 @@ from chai_helpers import VIDEO, tiny_stdit3, toy_text_encode
 from comfyui_chai.opensora.sampler import LatentCapture, make_noise, opensora_model_kwargs, sample
 from comfyui_chai.opensora.schedule import opensora_sigmas
 
+PAPER_STEPS = (2, 3, 4)  # the mechanism tests use the paper's cache steps (the default is 5,6)
+
 SHAPE = VIDEO.latent_shape()  # (1, 4, 5, 16, 16)
 FAST = opensora_sigmas(8, VIDEO.height, VIDEO.width, VIDEO.num_frames)
 FULL = opensora_sigmas(30, VIDEO.height, VIDEO.width, VIDEO.num_frames)
@@ -58,11 +60,11 @@ def _forward(model, z, ys, mask, kw, sigma, replace=None):
 
 # ------------------------------------------------------------------------------------------------ config
 
-def test_config_defaults_match_the_paper():
+def test_config_defaults_are_the_papers_but_for_the_lab_measured_cache_steps():
     c = ChaiConfig()
-    assert (c.full_steps, c.fast_steps, c.cache_steps) == (30, 8, (2, 3, 4))
+    assert (c.full_steps, c.fast_steps, c.cache_steps) == (30, 8, (5, 6))
     assert (c.kv_mode, c.apply_to, c.donor_mapping) == ("replace", "cond", "matched_sigma")
-    assert c.cache_indices == (1, 2, 3)
+    assert c.cache_indices == (4, 5)
     assert ChaiConfig.from_dict(c.to_dict()) == c
 
 
@@ -204,6 +206,27 @@ def test_cache_attention_kernel_equals_the_obvious_computation(mode):
         combine_kv(k, v, kd, vd, "add")
 
 
+@pytest.mark.parametrize("strength", [0.0, 0.25, 1.0])
+@pytest.mark.parametrize("all_rows", [False, True])
+def test_cache_attention_strength_blends_only_the_marked_rows(strength, all_rows):
+    gen = torch.Generator().manual_seed(1)
+    rows, heads, n, d = 4, 2, 5, 4
+    q, k, v = (torch.randn(rows, heads, n, d, generator=gen) for _ in range(3))
+    kd, vd = (torch.randn(2, heads, 5, d, generator=gen) for _ in range(2))
+    mask = None if all_rows else chunk_row_mask([True, False], rows)
+    out = cache_attention(q, k, v, kd, vd, F.scaled_dot_product_attention, rows=mask, strength=strength)
+    for r in range(rows):
+        own = _obvious_attention(q[r], k[r], v[r])
+        if all_rows or r < 2:
+            borrowed = _obvious_attention(q[r], kd[r % 2], vd[r % 2])
+            want = own + strength * (borrowed - own)
+        else:
+            want = own
+        torch.testing.assert_close(out[r], want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="strength must lie in"):
+        cache_attention(q, k, v, kd, vd, F.scaled_dot_product_attention, strength=1.5)
+
+
 def _record_call(model, z, ys, mask, kw, sigma):
     seen = {}
 
@@ -258,7 +281,7 @@ def test_stdit3_cache_attention_equals_the_obvious_computation(model, adapter, m
     donor = make_noise(SHAPE, seed=11)
     sigma = float(FAST[2])
     call = _record_call(model, z, ys, mask, kw, sigma)
-    run = _run(ChaiConfig(kv_mode=mode, apply_to=apply_to), donor, sigma)
+    run = _run(ChaiConfig(cache_steps=PAPER_STEPS, kv_mode=mode, apply_to=apply_to), donor, sigma)
     with torch.no_grad():
         got = adapter.replace_fn(run, (COND, UNCOND))(call)
         want = _obvious_block0_cache_attention(model, call, donor, mode, patched)
@@ -271,11 +294,11 @@ def test_donor_equal_to_live_latent_leaves_the_model_output_unchanged(model, ada
     z, ys, mask, kw = _inputs()
     sigma = float(FAST[1])
     plain = _forward(model, z, ys, mask, kw, sigma)
-    run = _run(ChaiConfig(kv_mode=mode, apply_to="both"), z, sigma)
+    run = _run(ChaiConfig(cache_steps=PAPER_STEPS, kv_mode=mode, apply_to="both"), z, sigma)
     patched = _forward(model, z, ys, mask, kw, sigma, adapter.attn_replace(run))
     assert run.fired_steps == (2,)
     torch.testing.assert_close(patched, plain, atol=1e-5, rtol=0)
-    other = _run(ChaiConfig(kv_mode=mode, apply_to="both"), make_noise(SHAPE, seed=5), sigma)
+    other = _run(ChaiConfig(cache_steps=PAPER_STEPS, kv_mode=mode, apply_to="both"), make_noise(SHAPE, seed=5), sigma)
     changed = _forward(model, z, ys, mask, kw, sigma, adapter.attn_replace(other))
     assert (changed - plain).abs().max() > 1e-3  # a different donor does change the output
 
@@ -285,15 +308,16 @@ def test_cond_only_versus_both_on_batched_cfg(model, adapter):
     sigma = float(FAST[3])
     donor = make_noise(SHAPE, seed=7)
     plain = _forward(model, z, ys, mask, kw, sigma)
-    cond_only = _forward(model, z, ys, mask, kw, sigma, adapter.attn_replace(_run(ChaiConfig(), donor, sigma)))
+    paper = ChaiConfig(cache_steps=PAPER_STEPS)
+    cond_only = _forward(model, z, ys, mask, kw, sigma, adapter.attn_replace(_run(paper, donor, sigma)))
     both = _forward(model, z, ys, mask, kw, sigma,
-                    adapter.attn_replace(_run(ChaiConfig(apply_to="both"), donor, sigma)))
+                    adapter.attn_replace(_run(ChaiConfig(cache_steps=PAPER_STEPS, apply_to="both"), donor, sigma)))
     assert torch.equal(cond_only[1], plain[1])  # the uncond half is untouched
     assert (cond_only[0] - plain[0]).abs().max() > 1e-3
     assert (both[1] - plain[1]).abs().max() > 1e-3
     torch.testing.assert_close(both[0], cond_only[0], atol=1e-5, rtol=0)  # rows are independent
     # split calls: a cond call attends to the donor, an uncond call does not unless apply_to == "both"
-    run = _run(ChaiConfig(), donor, sigma)
+    run = _run(ChaiConfig(cache_steps=PAPER_STEPS), donor, sigma)
     cond_call = _forward(model, z, ys[:1], mask[:1], _half(kw), sigma, adapter.attn_replace(run, (COND,)))
     uncond_call = _forward(model, z, ys[1:], mask[1:], _half(kw), sigma, adapter.attn_replace(run, (UNCOND,)))
     torch.testing.assert_close(cond_call[0], cond_only[0], atol=1e-5, rtol=0)
@@ -308,7 +332,7 @@ def _half(kw):
 def test_a_sigma_off_the_schedule_never_triggers(model, adapter):
     z, ys, mask, kw = _inputs()
     donor = make_noise(SHAPE, seed=7)
-    run = _run(ChaiConfig(apply_to="both"), donor, float(FAST[1]))
+    run = _run(ChaiConfig(cache_steps=PAPER_STEPS, apply_to="both"), donor, float(FAST[1]))
     mid = math.sqrt(float(FAST[1]) * float(FAST[2]))
     out = _forward(model, z, ys, mask, kw, mid, adapter.attn_replace(run))
     assert torch.equal(out, _forward(model, z, ys, mask, kw, mid))
@@ -320,7 +344,7 @@ def test_patch_fires_exactly_at_the_cache_steps_and_only_in_block_0(model, adapt
     y, mask = toy_text_encode("a red fox in the snow")
     kw = opensora_model_kwargs(VIDEO.height, VIDEO.width, VIDEO.num_frames, 1, VIDEO.fps, mask)
     donors = DonorSet([Donor(float(FAST[k]), make_noise(SHAPE, seed=20 + k)) for k in (1, 2, 3)])
-    run = CacheAttentionRun(ChaiConfig(), FAST, donors)
+    run = CacheAttentionRun(ChaiConfig(cache_steps=PAPER_STEPS), FAST, donors)
     keys, calls, donor_kv = [], [], []
     real_replace, real_donor_kv = adapter.attn_replace, adapter.donor_kv
 
@@ -357,7 +381,8 @@ def test_patch_fires_exactly_at_the_cache_steps_and_only_in_block_0(model, adapt
 def test_final_clean_donor_is_modulated_at_timestep_zero(model, adapter):
     z, ys, mask, kw = _inputs()
     donor, sigma = make_noise(SHAPE, seed=2), float(FAST[1])
-    run = CacheAttentionRun(ChaiConfig(donor_mapping="final_clean"), FAST, DonorSet([Donor(0.0, donor)]))
+    run = CacheAttentionRun(ChaiConfig(cache_steps=PAPER_STEPS, donor_mapping="final_clean"), FAST,
+                            DonorSet([Donor(0.0, donor)]))
     plan = run.plan_for(sigma)
     assert plan.modulation_sigma == 0.0 and plan.donor_sigma == 0.0
     call = _record_call(model, z, ys, mask, kw, sigma)
@@ -373,7 +398,7 @@ def test_final_clean_donor_is_modulated_at_timestep_zero(model, adapter):
 
 def test_mismatched_donor_shape_is_a_clear_error(model, adapter):
     z, ys, mask, kw = _inputs()
-    run = _run(ChaiConfig(), make_noise((1, 4, 5, 8, 8), seed=1), float(FAST[1]))
+    run = _run(ChaiConfig(cache_steps=PAPER_STEPS), make_noise((1, 4, 5, 8, 8), seed=1), float(FAST[1]))
     with pytest.raises(ValueError, match="same shape"):
         _forward(model, z, ys, mask, kw, float(FAST[1]), adapter.attn_replace(run))
 
@@ -407,7 +432,7 @@ def test_options_driven_patch_reads_layout_sigma_and_run_from_transformer_option
     sigma = float(FAST[1])
     donor = make_noise(SHAPE, seed=7)
     ys_swapped, mask_swapped = ys.flip(0), mask.flip(0)  # [uncond; cond], as ComfyUI may order the chunks
-    run = _run(ChaiConfig(), donor, sigma)
+    run = _run(ChaiConfig(cache_steps=PAPER_STEPS), donor, sigma)
     options = {"cond_or_uncond": [UNCOND, COND], "sigmas": torch.tensor([sigma]), "chai_run": run}
     fn = adapter.options_replace_fn()
 
@@ -458,7 +483,7 @@ def test_comfy_install_chains_another_packs_block_0_patch_and_never_stacks_itsel
     ours = patcher.model_options["transformer_options"]["patches_replace"]["dit"][("spatial_attn", 0)]
     assert ours.chai_previous is theirs
     donor = make_noise(SHAPE, seed=7)
-    run = _run(ChaiConfig(apply_to="both"), donor, sigma)
+    run = _run(ChaiConfig(cache_steps=PAPER_STEPS, apply_to="both"), donor, sigma)
 
     def with_options(opts):
         def call_fn(call):

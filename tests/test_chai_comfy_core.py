@@ -21,6 +21,8 @@ from comfyui_chai.chai_attention.constants import FAST, FULL
 from comfyui_chai.chai_attention.payloads import CacheHit, ChaiReport, PromptEntities, SampleTrace
 from comfyui_chai.chai_attention.steps import capture_plan
 
+PAPER_STEPS = (2, 3, 4)  # the mechanism tests use the paper's cache steps (the default is 5,6)
+
 SHAPE = (1, 4, 3, 4, 4)
 FULL_SIGMAS = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0]
 FAST_SIGMAS = [1.0, 0.8, 0.6, 0.4, 0.2, 0.0]
@@ -52,8 +54,8 @@ def _donors(value: float = 1.0) -> DonorSet:
 
 
 def _trace(mode: str = FULL, donors: DonorSet | None = None, fingerprint: str = "fp", **kw) -> SampleTrace:
-    return SampleTrace(mode=mode, fingerprint=fingerprint, shape=SHAPE, config=ChaiConfig(), sampler_name="euler",
-                       scheduler="simple", sigmas=tuple(FULL_SIGMAS), report=ChaiReport("p", mode, 30),
+    return SampleTrace(mode=mode, fingerprint=fingerprint, shape=SHAPE, config=ChaiConfig(cache_steps=PAPER_STEPS),
+                       sampler_name="euler", scheduler="simple", sigmas=tuple(FULL_SIGMAS), report=ChaiReport("p", mode, 30),
                        donors=donors, **kw)
 
 
@@ -224,7 +226,7 @@ def test_model_input_capture_lets_the_adapter_refuse_a_call_before_the_model_run
 
 
 def test_shared_run_is_shared_by_copies_of_the_model_options():
-    run = SharedRun(ChaiConfig(), FAST_SIGMAS, _donors())
+    run = SharedRun(ChaiConfig(cache_steps=PAPER_STEPS), FAST_SIGMAS, _donors())
     options = {"transformer_options": {"chai_run": run, "other": [1]}}
     cloned = copy.deepcopy(options)
     assert cloned["transformer_options"]["chai_run"] is run and copy.copy(run) is run

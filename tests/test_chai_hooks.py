@@ -18,6 +18,8 @@ from comfyui_chai.chai_attention.config import ChaiConfig
 from comfyui_chai.chai_attention.donors import Donor, DonorSet
 from comfyui_chai.chai_attention.run import CacheAttentionRun
 
+PAPER_STEPS = (2, 3, 4)  # the mechanism tests use the paper's cache steps (the default is 5,6)
+
 SIGMAS = torch.linspace(1.0, 0.0, 9)  # 8 fast steps
 TOKENS = 6
 
@@ -249,7 +251,7 @@ def test_a_call_the_adapter_refuses_fails_before_the_model_runs_and_only_under_a
 def test_final_clean_donors_are_modulated_at_the_donors_own_sigma(setup):
     patcher, x, donor, cond, _ = setup
     net = patcher.model.diffusion_model
-    run = CacheAttentionRun(ChaiConfig(fast_steps=8, donor_mapping="final_clean"), SIGMAS,
+    run = CacheAttentionRun(ChaiConfig(cache_steps=PAPER_STEPS, fast_steps=8, donor_mapping="final_clean"), SIGMAS,
                             DonorSet([Donor(0.0, donor)]))
     net.forward_t.clear()
     installed(patcher).evaluate(x, float(SIGMAS[1]), cond, [0], chai_run=run)

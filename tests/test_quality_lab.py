@@ -8,8 +8,8 @@ import torch
 
 from comfyui_chai.toyworld import features as feats
 from comfyui_chai.toyworld import measures
-from comfyui_chai.toyworld.lab import (DEFAULT, RELATIONS, LabSampler, Request, Variant, differs_everywhere,
-                                       make_lab_items)
+from comfyui_chai.toyworld.lab import (DEFAULT, PACK, RELATIONS, LabSampler, Request, Variant, differs_everywhere,
+                                       make_lab_items, steps_at_sigmas)
 from comfyui_chai.toyworld.model import toy_sigmas, toy_text_encoder
 from comfyui_chai.toyworld.prompts import make_split
 from comfyui_chai.toyworld.quality import is_one_entity_donor
@@ -44,6 +44,14 @@ def test_variant_cache_steps_follow_the_paper_sigma_range():
     assert Variant("x", (2, 3, 4, 5, 6)).steps_for(4) == (2, 3, 4)
 
 
+def test_late_variants_map_steps_of_eight_to_the_nearest_sigma():
+    late = Variant("late", (5, 6), of_eight=True)  # sigmas 0.5 and 0.375 of the uniform 8-step schedule
+    assert late.steps_for(8) == (5, 6)
+    assert late.steps_for(6) == (4, 5)  # 0.5 and 0.333
+    assert late.steps_for(4) == (3, 4)  # 0.5, and 0.375 halfway between 0.5 and 0.25 goes to the later step
+    assert steps_at_sigmas([1.0, 0.0], [1.0, 0.5, 0.0]) == (2,)  # never the first step
+
+
 # ---------------------------------------------------------------------------------------------- the product's hit
 
 @pytest.mark.usefixtures("spacy_pipeline")
@@ -67,11 +75,18 @@ def test_lab_default_chai_is_the_products_hit(tmp_path):
         cache.close()
     lab = LabSampler(model, text)
     donor = lab.donor(Request(DONOR, ("beach", "ball", "red", "bouncing"), 3))
-    latent, fired = lab.chai(Request(HIT, ("beach", "kite", "blue", "left"), 4), 8, [donor], DEFAULT)
-    assert fired == [2, 3, 4]
+    latent, fired = lab.chai(Request(HIT, ("beach", "kite", "blue", "left"), 4), 8, [donor], PACK)
+    assert fired == [5, 6]
     torch.testing.assert_close(latent, hit.latent, rtol=1e-4, atol=1e-4)
     plain = lab.run(Request(HIT, ("beach", "kite", "blue", "left"), 4), 8)
     assert (plain - latent).abs().max() > 1e-3  # borrowing changed the sample
+    # strength 0 borrows nothing (plain sampling); half strength is a third sample (the kernel's blend is tested
+    # in test_chai_attention; through 8 sampling steps the effect need not be monotone)
+    req = Request(HIT, ("beach", "kite", "blue", "left"), 4)
+    off, _ = lab.chai(req, 8, [donor], Variant("off", PACK.cache_steps, of_eight=True, strength=0.0))
+    torch.testing.assert_close(off, plain, rtol=1e-5, atol=1e-5)
+    half, _ = lab.chai(req, 8, [donor], Variant("half", PACK.cache_steps, of_eight=True, strength=0.5))
+    assert (half - plain).abs().max() > 1e-3 and (half - latent).abs().max() > 1e-3
 
 
 # ---------------------------------------------------------------------------------------------- measures

@@ -137,3 +137,10 @@ def test_version_changed_publishes_when_there_is_no_usable_base(repo, tmp_path, 
     _commit(repo, '[project]\nversion = "0.1.0"\n')
     values, _ = _run(repo, base, tmp_path)
     assert values["changed"] == "true" and values["previous"] == ""
+
+
+def test_the_comfyui_benches_run_chai_samplers_default_cache_steps():
+    from bench.bench_chai_comfy import DEFAULT_CACHE_STEPS
+    from comfyui_chai.chai_attention.config import ChaiConfig
+
+    assert DEFAULT_CACHE_STEPS == ",".join(map(str, ChaiConfig().cache_steps))

@@ -87,7 +87,7 @@ def test_opensora_workflow_shares_one_prompt_and_decodes_to_a_saved_video():
     inputs = sampler["inputs"]
     assert inputs["model"] == lookup["inputs"]["model"] and inputs["latent"] == lookup["inputs"]["latent"]
     assert inputs["scheduler"] == "opensora" and inputs["sampler_name"] == "euler"
-    assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "2,3,4")
+    assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "5,6")
     _, write = only(api, "CHAI_CacheWrite")
     assert write["inputs"]["trace"] == [sampler_id, 1] and write["inputs"]["entities"] == [ents_id, 0]
     assert write["inputs"]["cache"] == lookup["inputs"]["cache"]
@@ -134,7 +134,7 @@ def test_hunyuan_video_workflow_uses_comfyui_native_nodes_as_its_own_template_do
     guidance_id, guidance = only(api, "FluxGuidance")
     assert inputs["cfg"] == 1.0 and inputs["positive"] == [guidance_id, 0] and guidance["inputs"]["guidance"] == 6.0
     assert inputs["model"] == [shift_id, 0] == only(api, "CHAI_CacheLookup")[1]["inputs"]["model"]
-    assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "2,3,4")
+    assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "5,6")
     prompt_id, _ = only(api, "PrimitiveStringMultiline")
     assert only(api, "CLIPTextEncode")[1]["inputs"]["text"] == [prompt_id, 0]
     assert only(api, "CHAI_EntityExtract")[1]["inputs"]["prompt"] == [prompt_id, 0]
@@ -197,7 +197,7 @@ def test_toy_workflow_runs_chai_on_the_shipped_model_and_saves_a_video():
     assert inputs["model"] == lookup["inputs"]["model"] == text["inputs"]["model"]
     assert inputs["positive"] == [text_id, 0] and inputs["negative"] == [text_id, 1]
     assert inputs["cfg"] == DEFAULT_CFG and inputs["sampler_name"] == "euler" and inputs["scheduler"] == "opensora"
-    assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "2,3,4")
+    assert (inputs["full_steps"], inputs["fast_steps"], inputs["cache_steps"]) == (30, 8, "5,6")
     assert only(api, "CHAI_ToyEmptyLatent")[0] == inputs["latent"][0]
     _, write = only(api, "CHAI_CacheWrite")
     assert write["inputs"] == {"cache": [cache_id, 0], "entities": [ents_id, 0], "trace": [sampler_id, 1]}
@@ -215,6 +215,9 @@ def test_wan22_a14b_workflow_is_the_two_sampler_graph_with_chai_apply_on_the_hig
     high, low = apply["inputs"]["model"], apply["inputs"]["model_2"]
     assert high != low and lookup["inputs"]["model"] == high and lookup["inputs"]["model_2"] == low
     assert apply["inputs"]["hit"] == [lookup_id, 0] and apply["inputs"]["boundary"] == 0.875
+    # CHAI Apply patches the high-noise expert only: at 8 steps of Wan's shift-8 schedule sigma falls below 0.875
+    # after step 5, so this graph keeps the paper's 2,3,4 where the pack's default 5,6 would reach the second expert
+    assert apply["inputs"]["cache_steps"] == "2,3,4" and apply["inputs"]["fast_steps"] == 8
     first, second = sorted(by_type(api, "KSamplerAdvanced"), key=lambda kv: kv[1]["inputs"]["add_noise"] != "enable")
     assert first[1]["inputs"]["model"] == [apply_id, 0] and second[1]["inputs"]["model"] == low
     for _, ks in (first, second):

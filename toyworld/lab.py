@@ -4,13 +4,16 @@ Donor relations to a prompt (scene, obj, colour, motion): "scene" shares only th
 object, "none" nothing (the control for "any donor at all"), "same" the whole combination (another caption and
 seed: the control for a perfect match). Donors come from the training combinations except "same".
 
-A condition is plain N-step sampling or CHAI at N steps under a `Variant`: which fast steps borrow, `replace` or
-`concat` K/V, which spatial blocks (0, or 0 and 1), K/V from the donor's latent at the matched sigma or from its
-clean result, and multi-entry fusion (the K/V of a scene donor and of an object donor, concatenated along the
-tokens). The lab drives STDiT3's own `attn_replace` hook: at a cache step the donor latent goes through the model
-once (its own caption, the live step's timestep; the hook keeps each patched block's k/v), then the live [cond;
-uncond] batch runs with the cond rows attending to those K/V (`kv.cache_attention`). For block 0, replace, matched
-sigma this is exactly the product's hit (`tests/test_quality_lab.py` checks it against `ChaiPipeline`).
+A condition is plain N-step sampling or CHAI at N steps under a `Variant`: which fast steps borrow (the paper's
+sigma range, the pack's default steps, or a set of steps of 8 mapped to N by sigma), `replace` or `concat` K/V,
+how strongly (the borrowed attention output blended with the block's own), which spatial blocks (0, or 0 and 1),
+K/V from the donor's latent at the matched sigma or from its clean result, and multi-entry fusion (the K/V of a
+scene donor and of an object donor, concatenated along the tokens). The lab drives STDiT3's own `attn_replace`
+hook: at a cache step the donor latent goes through the model once (its own caption, the live step's timestep;
+the hook keeps each patched block's k/v), then the live [cond; uncond] batch runs with the cond rows attending to
+those K/V (`kv.cache_attention`). `PACK` (block 0, replace,
+matched sigma, the default cache steps) is exactly the product's hit (`tests/test_quality_lab.py` checks it
+against `ChaiPipeline`).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..chai_attention.config import ChaiConfig
 from ..chai_attention.kv import cache_attention, chunk_row_mask
 from ..opensora.sampler import make_noise, opensora_model_kwargs, sample
 from .model import DEFAULT_CFG, ToyVideoSpec, toy_sigmas
@@ -93,15 +97,30 @@ class Variant:
     blocks: tuple[int, ...] = (0,)
     source: str = "matched"  # "matched": donor latent at the nearest sigma; "clean": the donor's final latent
     fusion: bool = False  # scene donor + object donor K/V concatenated (the relation is then "fusion")
+    strength: float = 1.0  # blend of the borrowed attention output with the block's own (1: the paper's)
+    of_eight: bool = False  # cache_steps are steps of the 8-step schedule, mapped to N by their sigmas
 
     def steps_for(self, n: int) -> tuple[int, ...]:
-        """Cache steps at N fast steps: the variant's (those within N) or the paper's sigma range (2,3,4 of 8)."""
+        """Cache steps at N fast steps: the variant's (those within N, or mapped from 8 steps by sigma) or the
+        paper's sigma range (2,3,4 of 8)."""
         if self.cache_steps is None:
             return cache_steps_for(toy_sigmas(n), toy_sigmas(8))
+        if self.of_eight:
+            return steps_at_sigmas([float(toy_sigmas(8)[s - 1]) for s in self.cache_steps], toy_sigmas(n).tolist())
         return tuple(s for s in self.cache_steps if s <= n)
 
 
-DEFAULT = Variant("default")
+def steps_at_sigmas(targets: Sequence[float], sigmas: Sequence[float]) -> tuple[int, ...]:
+    """1-based steps (never the first) of a schedule whose sigma is nearest each target; ties go to the later step."""
+    steps = set()
+    for target in targets:
+        dist = [abs(sigmas[i] - target) - 1e-9 * i for i in range(1, len(sigmas) - 1)]
+        steps.add(int(np.argmin(dist)) + 2)
+    return tuple(sorted(steps))
+
+
+DEFAULT = Variant("default")  # the paper's setting: cache steps over the sigmas of steps 2-4 of 8
+PACK = Variant("pack", ChaiConfig().cache_steps, of_eight=True)  # the pack's default cache steps, mapped by sigma
 
 
 @dataclass
@@ -188,7 +207,7 @@ class LabSampler:
                     return model(x, t, y, **kw)
                 kvs = [self.donor_kv(d, sigma, variant) for d in donors]
                 fired.append(step)
-                replace = {("spatial_attn", b): _borrow([kv[b] for kv in kvs], variant.kv_mode)
+                replace = {("spatial_attn", b): _borrow([kv[b] for kv in kvs], variant.kv_mode, variant.strength)
                            for b in variant.blocks}
                 return model(x, t, y, attn_replace=replace, **kw)
             return fn
@@ -196,16 +215,17 @@ class LabSampler:
         return self.run(req, steps, wrap), fired
 
 
-def _borrow(kvs: Sequence[tuple[Tensor, Tensor]], mode: str) -> Callable[[Any], Tensor]:
+def _borrow(kvs: Sequence[tuple[Tensor, Tensor]], mode: str, strength: float = 1.0) -> Callable[[Any], Tensor]:
     """attn_replace callable: the cond half (first chunk of the batched CFG) attends to the donors' K/V."""
     k_d = torch.cat([k for k, _ in kvs], dim=-2)
     v_d = torch.cat([v for _, v in kvs], dim=-2)
 
     def fn(call: Any) -> Tensor:
         rows = chunk_row_mask([True, False], call.q.shape[0], call.q.device)
-        return cache_attention(call.q, call.k, call.v, k_d, v_d, call.block.attn.attend, mode=mode, rows=rows)
+        return cache_attention(call.q, call.k, call.v, k_d, v_d, call.block.attn.attend, mode=mode, rows=rows,
+                               strength=strength)
     return fn
 
 
-__all__ = ["RELATIONS", "FULL_STEPS", "Request", "LabItem", "Variant", "DEFAULT", "DonorRun", "LabSampler",
-           "make_lab_items", "pick_donor", "differs_everywhere"]
+__all__ = ["RELATIONS", "FULL_STEPS", "Request", "LabItem", "Variant", "DEFAULT", "PACK", "DonorRun", "LabSampler",
+           "make_lab_items", "pick_donor", "differs_everywhere", "steps_at_sigmas"]

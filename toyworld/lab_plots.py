@@ -9,7 +9,8 @@ import numpy as np
 GRID_FRAMES = (0, 3, 7)
 SCALE = 4
 COLOURS = {"plain": (40, 40, 40), "scene": (31, 119, 180), "object": (214, 39, 40), "none": (150, 150, 150),
-           "same": (44, 160, 44), "fusion": (148, 103, 189)}
+           "same": (44, 160, 44), "fusion": (148, 103, 189), "scene, pack steps": (23, 190, 207),
+           "none, pack steps": (255, 127, 14)}
 
 
 def _font(size: int = 13) -> Any:

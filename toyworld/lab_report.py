@@ -144,6 +144,10 @@ def row(cell: Cell, base: Baselines, paired: Cell | None = None, reps: int = 200
     if paired is not None:
         out["d_fd_net"] = bootstrap_frechet(base.project(cell.features), base.project(base.reference_features), reps,
                                             paired=base.project(paired.features))
+        # paired per-prompt differences of two pixel measures: flicker (in ground truth's units) and palette
+        out["d_flicker"] = bootstrap([(a.flicker - b.flicker) / max(base.gt_flicker, 1e-9)
+                                      for a, b in zip(s, paired.scores)], reps)
+        out["d_palette"] = bootstrap([a.palette - b.palette for a, b in zip(s, paired.scores)], reps)
     return out
 
 
