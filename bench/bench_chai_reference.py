@@ -36,11 +36,11 @@ from comfyui_chai.opensora.sampler import make_noise, opensora_model_kwargs  # n
 from comfyui_chai.opensora.schedule import opensora_sigmas  # noqa: E402
 from comfyui_chai.opensora.stdit3 import STDiT3, STDiT3Config  # noqa: E402
 
-# (donor prompt, prompt that shares an entity with it)
+# (donor prompt, prompt that shares its main subject and scene with it: a hit under the scene rule)
 PAIRS = [
-    ("A golden retriever running along a sunny beach at sunset", "a golden retriever playing in the snow"),
-    ("a red sports car driving through the desert", "a red sports car parked in a dark garage"),
-    ("an old lighthouse on a rocky coast", "an old lighthouse at night under the stars"),
+    ("A golden retriever running along a sunny beach at sunset", "a golden retriever playing on a sandy beach"),
+    ("a red sports car driving through the desert", "a red sports car parked in the desert"),
+    ("an astronaut floating in outer space", "an astronaut waving in outer space"),
 ]
 TARGETS = {"ratio": 3.5, "patch": 5.0, "overhead": 2.0}
 

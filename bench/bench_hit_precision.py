@@ -4,7 +4,9 @@ Every pair is judged in isolation, as with a cache holding only the donor: the r
 request entity matches a donor entity as the rule requires. Rules:
   any entity (no roles)    the rule before roles, on today's entities: any entity pair at similarity >= threshold
   roles, phrase vectors    main subject or scene on both sides, same kind of thing, vectors of the whole phrase
-  pack: roles + identity   the pack's rule: the same, with vectors of what each thing is (Entity.core)
+  roles + identity         the same, with vectors of what each thing is (Entity.core)
+  pack: ... + scenes agree the pack's rule: the same, and when both prompts name a scene, some pair of their
+                           scenes matches (the lookup compares the request's scenes with the index's neighbours)
   prompt                   the whole-prompt MiniLM similarity >= threshold (the NIRVANA-style baseline)
 
     python -m bench.bench_hit_precision                      # default thresholds, both splits
@@ -28,7 +30,8 @@ def rules(ents, vec, whole, threshold: float):
 
     def entity_rule(rule, sim):
         def accepts(p: Pair) -> bool:
-            return any(rule.accepts(q, d, sim(q, d)) for q in ents[p.request] for d in ents[p.donor])
+            return (any(rule.accepts(q, d, sim(q, d)) for q in ents[p.request] for d in ents[p.donor])
+                    and rule.scenes_agree(ents[p.request], ents[p.donor], sim))
         return accepts
 
     def text_sim(q, d):
@@ -40,8 +43,9 @@ def rules(ents, vec, whole, threshold: float):
     return {
         "any entity (no roles)": lambda p: any(float(vec[q.text] @ vec[d.text]) >= threshold
                                     for q in ents[p.request] for d in ents[p.donor]),
-        "roles, phrase vectors": entity_rule(HitRule(threshold), text_sim),
-        "pack: roles + identity": entity_rule(HitRule(threshold), core_sim),
+        "roles, phrase vectors": entity_rule(HitRule(threshold, scenes_must_agree=False), text_sim),
+        "roles + identity": entity_rule(HitRule(threshold, scenes_must_agree=False), core_sim),
+        "pack: roles + identity + scenes agree": entity_rule(HitRule(threshold), core_sim),
         "prompt": lambda p: float(whole[p.request] @ whole[p.donor]) >= threshold,
     }
 

@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     model = load_toy_model(weights)
     params = sum(p.numel() for p in model.parameters())
     with tempfile.TemporaryDirectory() as root:
-        cache = ChaiCache(Path(root) / "quality", budget_bytes=10**9)
+        # this study forces each donor kind, the object donor (another scene) included
+        cache = ChaiCache(Path(root) / "quality", budget_bytes=10**9, scenes_must_agree=False)
         t0 = time.perf_counter()
         cache.embed_prompt("a red ball on a beach")
         load_s = time.perf_counter() - t0

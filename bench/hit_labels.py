@@ -12,7 +12,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 DATA = Path(__file__).resolve().parent / "data" / "hit_pairs"
 
@@ -137,9 +137,12 @@ def rule_accepts(pairs: Iterable[Pair]) -> Callable[[float], Callable[[Pair], bo
     def at(threshold: float) -> Callable[[Pair], bool]:
         rule = HitRule(threshold)
 
+        def sim(q: Any, d: Any) -> float:
+            return float(vec[q.identity] @ vec[d.identity])
+
         def accepts(p: Pair) -> bool:
-            return any(rule.accepts(q, d, float(vec[q.identity] @ vec[d.identity]))
-                       for q in ents[p.request] for d in ents[p.donor])
+            return (any(rule.accepts(q, d, sim(q, d)) for q in ents[p.request] for d in ents[p.donor])
+                    and rule.scenes_agree(ents[p.request], ents[p.donor], sim))
         return accepts
 
     return at

@@ -31,7 +31,7 @@ class CacheBackend(Protocol):
         """Validate and store a full run's donor latents, evicting by policy so the budget holds on return."""
 
     def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], threshold: float,
-               touch: bool = True, load: bool = True) -> LookupResult:
+               touch: bool = True, load: bool = True, scenes_must_agree: bool = True) -> LookupResult:
         """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
 
     def load_latents(self, entry_id: int) -> tuple[dict[str, Any], list[float]]:

@@ -3,10 +3,12 @@
 A match pairs an entity of the request with an entity of a cached entry at cosine similarity >= the threshold.
 It can carry a hit only when both entities are the main subject or the scene of their prompts (`roles`): a donor
 that shares only a prop, a background object or a generic bystander would lead Cache Attention to a different
-video, not a cheaper road to the same one. Those matches are still reported, as secondary.
+video, not a cheaper road to the same one. Those matches are still reported, as secondary. When both prompts
+name a scene, the scenes must match too (`scenes_must_agree`): the same main subject in another place is a miss.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +22,9 @@ class HitRule:
     threshold: float
     roles: frozenset[str] = BORROWABLE
     identity_threshold: float = 0.85  # same head, a noun compounded on one side only ("sea lion" / "lion")
+    # A donor showing another scene than the request's is refused: in the quality lab such donors (the same main
+    # subject elsewhere) leaked their scene's colours into the hit at every step count (docs/quality-lab.md).
+    scenes_must_agree: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 < float(self.threshold) <= 1.0:
@@ -47,6 +52,14 @@ class HitRule:
             if query.identity != stored.identity:
                 return similarity >= self.identity_threshold
         return True
+
+    def scenes_agree(self, request: Sequence[Any], donor: Sequence[Any], sim: Callable[[Any, Any], float]) -> bool:
+        """Whether two prompts' entities leave no scene disagreement: either names no scene, or some pair of their
+        scenes reaches the threshold (the lookup applies the same test to the index's neighbours)."""
+        here = [e for e in request if e.role == SCENE]
+        there = [e for e in donor if e.role == SCENE]
+        return (not self.scenes_must_agree or not here or not there
+                or any(sim(q, d) >= self.threshold for q in here for d in there))
 
     def accepts(self, query: Any, stored: Any, similarity: float) -> bool:
         """`carries` by role and similarity, and `same_thing`."""

@@ -46,7 +46,7 @@ class LookupSource(Protocol):
 
 
 def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int],
-           threshold: float, touch: bool = True, load: bool = True) -> LookupResult:
+           threshold: float, touch: bool = True, load: bool = True, scenes_must_agree: bool = True) -> LookupResult:
     """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -72,9 +72,17 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     if not matched:
         timings["select"] = time.perf_counter() - t1
         return LookupResult(False, ranking.no_match_reason(db, entities, labels, sims, threshold), timings=timings)
-    rule = HitRule(threshold)
+    rule = HitRule(threshold, scenes_must_agree=scenes_must_agree)
     carried = ranking.borrowable(db, entities, matched, rule)
     candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles) if carried else []
+    conflicts = ranking.scene_conflicts(db, entities, matched, candidates) if rule.scenes_must_agree else {}
+    if candidates and len(conflicts) == len(candidates):
+        timings["select"] = time.perf_counter() - t1
+        here, there = conflicts[candidates[0]]
+        return LookupResult(False, f"the entries that share the main subject show another scene ('{here}' here, "
+                                   f"'{there}' there); a donor from another scene leaks its look into the video, "
+                                   "so this is a miss", timings=timings)
+    candidates = [c for c in candidates if c not in conflicts]
     timings["select"] = time.perf_counter() - t1
     if not candidates:
         if not ranking.rank(db, matched, fingerprint, shape_key(shape), frozenset(ROLES)):

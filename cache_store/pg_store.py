@@ -165,10 +165,11 @@ class PgCacheStore(StoredSettings):
         return self.keeper.index if self.keeper is not None else None
 
     def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], threshold: float,
-               touch: bool = True, load: bool = True) -> LookupResult:
+               touch: bool = True, load: bool = True, scenes_must_agree: bool = True) -> LookupResult:
         """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
         self._open()
-        return lookup_flow.lookup(self, entities, fingerprint, shape, threshold, touch=touch, load=load)
+        return lookup_flow.lookup(self, entities, fingerprint, shape, threshold, touch=touch, load=load,
+                                  scenes_must_agree=scenes_must_agree)
 
     def stored_embedder(self) -> str | None:
         """The embedder of the cache's vectors (None while empty)."""

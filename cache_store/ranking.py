@@ -8,6 +8,7 @@ import numpy as np
 
 from .hit_rule import HitRule, matched_role
 from .manifest import shape_key
+from .roles import SCENE
 from .types import EmbeddedEntities, Match
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
@@ -72,6 +73,29 @@ def rank(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str,
            "ORDER BY n DESC, s DESC, entry_id DESC LIMIT ?")
     rows = manifest.query(sql, params + [group[0][0], *sorted(roles), CANDIDATES])
     return [r[0] for r in rows]
+
+def scene_conflicts(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]],
+                    entry_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
+    """Entries that name a scene none of the request's scenes matches: entry id -> (request scene, entry scene).
+
+    A request without a scene, or an entry without one, never conflicts. Matches are the index's (similarity at
+    or above the threshold among each request entity's nearest stored entities).
+    """
+    scenes = {q: e.text for q, e in enumerate(entities.entities) if e.role == SCENE}
+    if not scenes or not entry_ids:
+        return {}
+    ids = list(entry_ids)
+    marks = ",".join("?" * len(ids))
+    held: dict[int, dict[int, str]] = {}
+    for entry_id, eid, text in manifest.query(
+            "SELECT p.entry_id, p.entity_id, e.text FROM postings p JOIN entities e ON e.id = p.entity_id "
+            f"WHERE p.role = ? AND p.entry_id IN ({marks})", [SCENE, *ids]):
+        held.setdefault(entry_id, {})[eid] = text
+    agreeing = {eid for q, eid, _ in matched if q in scenes}
+    first_scene = next(iter(scenes.values()))
+    return {entry_id: (first_scene, next(iter(texts.values()))) for entry_id, texts in held.items()
+            if not agreeing & set(texts)}
+
 
 def matches_for(manifest: Any, entry_id: int, entities: EmbeddedEntities,
                  matched: list[tuple[int, int, float]]) -> list[Match]:

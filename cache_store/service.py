@@ -42,7 +42,8 @@ class ChaiCache:
 
     def __init__(self, root: str | os.PathLike, *, budget_bytes: int | None = None, policy: str | None = None,
                  embedder: Any = "minilm", spacy_pipeline: str | None = None,
-                 threshold: float | None = None, server: ServerURL | None = None, name: str | None = None) -> None:
+                 threshold: float | None = None, server: ServerURL | None = None, name: str | None = None,
+                 scenes_must_agree: bool = True) -> None:
         self.settings = StoreConfig(budget_bytes=budget_bytes, policy=policy)
         self.server = server
         self.store: Any
@@ -60,6 +61,7 @@ class ChaiCache:
         self._spacy_pipeline = spacy_pipeline
         self._extractor = None
         self._threshold = threshold
+        self.scenes_must_agree = scenes_must_agree  # False only for studies that force a donor of another scene
         self._lock = threading.RLock()
         self._closed = False
 
@@ -107,7 +109,7 @@ class ChaiCache:
         """Store lookup that turns a damaged manifest into a miss with a repair hint instead of a traceback."""
         thr = self.threshold if threshold is None else float(threshold)
         try:
-            return self.store.lookup(entities, fingerprint, shape, thr)
+            return self.store.lookup(entities, fingerprint, shape, thr, scenes_must_agree=self.scenes_must_agree)
         except CacheUnavailableError as exc:  # a server restarting: a miss that says so
             log.warning("[CHAI] cache lookup treated as a miss: %s", exc)
             return LookupResult(False, str(exc))

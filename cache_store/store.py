@@ -163,9 +163,10 @@ class CacheStore(StoredSettings):
         return self.keeper.index
 
     def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], threshold: float,
-               touch: bool = True, load: bool = True) -> LookupResult:
+               touch: bool = True, load: bool = True, scenes_must_agree: bool = True) -> LookupResult:
         """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
-        return lookup_flow.lookup(self, entities, fingerprint, shape, threshold, touch=touch, load=load)
+        return lookup_flow.lookup(self, entities, fingerprint, shape, threshold, touch=touch, load=load,
+                                  scenes_must_agree=scenes_must_agree)
 
     # ------------------------------------------------------------------ what the lookup flow reads
     @property

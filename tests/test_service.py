@@ -48,7 +48,9 @@ def test_miss_then_hit_on_a_shared_entity(cache):
     assert not miss.hit and "empty" in miss.reason
     written = cache.write("golden retriever on a beach", first, FP, latents(1), SIGMAS)
     assert written.stored, written.reason
-    second = cache.embed_prompt("a golden retriever playing with a ball in the park")
+    elsewhere = cache.lookup(cache.embed_prompt("a golden retriever playing with a ball in the park"), FP, SHAPE)
+    assert not elsewhere.hit and "another scene" in elsewhere.reason  # the same dog in another place
+    second = cache.embed_prompt("a golden retriever playing with a ball")
     hit = cache.lookup(second, FP, SHAPE)
     assert hit.hit, hit.reason
     assert ("golden retriever", "golden retriever") in [(m.query, m.entity) for m in hit.matches]

@@ -317,6 +317,12 @@ def test_power_loss_snapshots_open_without_losing_committed_entries(tmp_path):
             for i in range(1, 40):
                 s.insert(f"seed={i}", ents(f"thing{i}", "dog"), "model-a", latents(i), SIGMAS)
     """))
+    def copy_if_present(src: str, dst: str) -> None:
+        try:  # a temporary file renamed or removed between the listing and the copy is not part of this moment
+            shutil.copy2(src, dst)
+        except FileNotFoundError:
+            pass
+
     proc = subprocess.Popen([PYTHON, str(script), str(root)], env=subprocess_env(), stderr=subprocess.PIPE)
     snaps = []
     rng = random.Random(5)
@@ -329,7 +335,8 @@ def test_power_loss_snapshots_open_without_losing_committed_entries(tmp_path):
                 shutil.copy2(root / name, snap / name)
             except FileNotFoundError:
                 pass
-        shutil.copytree(root / "latents", snap / "latents", ignore_dangling_symlinks=True)
+        shutil.copytree(root / "latents", snap / "latents", ignore_dangling_symlinks=True,
+                        copy_function=copy_if_present)
         snaps.append(snap)
     proc.wait()
     assert snaps

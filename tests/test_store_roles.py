@@ -33,6 +33,20 @@ def test_a_match_of_secondary_elements_is_a_miss_that_says_why(opener):
         assert not own_secondary.hit
 
 
+def test_the_same_main_subject_in_another_scene_is_a_miss_that_says_why(opener):
+    dog = Entity("dog", "object", "dog", "main")
+    with opener("c", StoreConfig(10**9)) as s:
+        s.insert("a dog on a beach", embedded(dog, Entity("beach", "scene", "beach", "scene")), FP, latents(1), SIGMAS)
+        elsewhere = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, THR)
+        assert not elsewhere.hit and "another scene ('forest' here, 'beach' there)" in elsewhere.reason
+        assert s.lookup(embedded(dog, Entity("beach", "scene", "beach", "scene")), FP, SHAPE, THR).hit
+        assert s.lookup(embedded(dog), FP, SHAPE, THR).hit  # the request names no scene: nothing to disagree with
+        # an entry of the same subject without a scene serves the forest request
+        s.insert("a dog", embedded(dog), FP, latents(2), SIGMAS)
+        served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, THR)
+        assert served.hit and served.entry.prompt == "a dog"
+
+
 def test_a_noun_compounded_on_one_side_names_another_thing(opener):
     with opener("c", StoreConfig(10**9)) as s:
         s.insert("a lion", embedded(Entity("lion", "object", "lion", "main")), FP, latents(1), SIGMAS)

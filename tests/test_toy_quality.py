@@ -163,7 +163,7 @@ def smoke(tmp_path_factory):
     torch.set_num_threads(1)
     overrides = dataclasses.asdict(toy_config(hidden_size=32, depth=1, num_heads=2))
     model = tiny_stdit3(seed=3, **overrides)
-    cache = ChaiCache(tmp_path_factory.mktemp("quality"), budget_bytes=10**9)
+    cache = ChaiCache(tmp_path_factory.mktemp("quality"), budget_bytes=10**9, scenes_must_agree=False)
     bench = QualityBench(model, cache, text_encode=toy_text_encoder(), video=ToyVideoSpec(), schedule=toy_sigmas)
     split = make_split()
     items = make_items(split.held_out, split.train, 2, accept=lookup_finds(cache))

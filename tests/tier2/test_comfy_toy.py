@@ -272,7 +272,7 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     hit, trace = got["hit"], got["trace"]
     assert hit.hit and hit.donor_prompt == MISS_PROMPT, hit.report
     assert any("beach" in query and "beach" in stored for query, stored, _ in hit.matches), hit.matches
-    assert trace.mode == "fast" and len(trace.sigmas) == 9 and trace.fired_steps == (2, 3, 4)
+    assert trace.mode == "fast" and len(trace.sigmas) == 9 and trace.fired_steps == (5, 6)
     assert "nothing stored" in CAPTURED["wf:write"]["text"]
     hit_video = _saved_video(comfy, second, ids["SaveVideo"])
     assert hit_video != miss_video
