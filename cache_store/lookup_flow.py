@@ -74,15 +74,17 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
         return LookupResult(False, ranking.no_match_reason(db, entities, labels, sims, threshold), timings=timings)
     rule = HitRule(threshold, scenes_must_agree=scenes_must_agree)
     carried = ranking.borrowable(db, entities, matched, rule)
-    candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles) if carried else []
-    conflicts = ranking.scene_conflicts(db, entities, matched, candidates) if rule.scenes_must_agree else {}
-    if candidates and len(conflicts) == len(candidates):
-        timings["select"] = time.perf_counter() - t1
-        here, there = conflicts[candidates[0]]
-        return LookupResult(False, f"the entries that share the main subject show another scene ('{here}' here, "
-                                   f"'{there}' there); a donor from another scene leaks its look into the video, "
-                                   "so this is a miss", timings=timings)
-    candidates = [c for c in candidates if c not in conflicts]
+    scenes = ranking.agreeing_scenes(entities, matched) if rule.scenes_must_agree else None
+    candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles, scenes) if carried else []
+    if not candidates and carried and scenes is not None:
+        unfiltered = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles)
+        conflicts = ranking.scene_conflicts(db, entities, matched, unfiltered)
+        if unfiltered and conflicts:
+            timings["select"] = time.perf_counter() - t1
+            here, there = conflicts[unfiltered[0]]
+            return LookupResult(False, f"the entries that share the main subject show another scene ('{here}' "
+                                       f"here, '{there}' there); a donor from another scene leaks its look into "
+                                       "the video, so this is a miss", timings=timings)
     timings["select"] = time.perf_counter() - t1
     if not candidates:
         if not ranking.rank(db, matched, fingerprint, shape_key(shape), frozenset(ROLES)):

@@ -55,24 +55,50 @@ def borrowable(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[in
 
 
 def rank(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str, shape: str,
-         roles: frozenset[str] = frozenset({"main", "scene"})) -> list[int]:
+         roles: frozenset[str] = frozenset({"main", "scene"}), scenes: Sequence[int] | None = None) -> list[int]:
     """Compatible entries, where the matched entities hold one of `roles`, ordered by matched query entities,
-    then summed similarity, then newest."""
+    then summed similarity, then newest. With `scenes` (the stored entity ids the request's scenes match), an
+    entry that names a scene must name one of those; the filter runs before the candidate limit."""
     group = manifest.query("SELECT id FROM groups WHERE fingerprint=? AND shape=?", (fingerprint, shape))
     if not group:
         return []
     values = ",".join(["(?,?,?)"] * len(matched))
     params: list[Any] = [x for triple in matched for x in triple]
+    where, where_params = _scene_filter(scenes)
     # The join is pinned to matched entities -> their postings in this group (one range scan each): SQLite's
     # CROSS JOIN; PostgreSQL plans that order by itself and spells it JOIN.
     sql = (f"WITH m(q, eid, sim) AS (VALUES {values}), "
            "best AS (SELECT p.entry_id AS entry_id, m.q AS q, MAX(m.sim) AS sim "
            f"FROM m {manifest.PINNED_JOIN} postings p ON p.group_id = ? AND p.entity_id = m.eid "
            f"AND p.role IN ({','.join('?' * len(roles))}) GROUP BY p.entry_id, m.q) "
-           "SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best GROUP BY entry_id "
+           f"SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best {where}GROUP BY entry_id "
            "ORDER BY n DESC, s DESC, entry_id DESC LIMIT ?")
-    rows = manifest.query(sql, params + [group[0][0], *sorted(roles), CANDIDATES])
+    rows = manifest.query(sql, params + [group[0][0], *sorted(roles), *where_params, CANDIDATES])
     return [r[0] for r in rows]
+
+
+def _scene_filter(scenes: Sequence[int] | None) -> tuple[str, list[Any]]:
+    """WHERE clause (and its parameters) of `rank` keeping entries that name no scene or one of `scenes`."""
+    if scenes is None:
+        return "", []
+    clause = "WHERE (NOT EXISTS (SELECT 1 FROM postings sp WHERE sp.entry_id = best.entry_id AND sp.role = ?)"
+    if not scenes:
+        return clause + ") ", [SCENE]
+    return (clause + " OR EXISTS (SELECT 1 FROM postings sp WHERE sp.entry_id = best.entry_id AND sp.role = ? "
+            f"AND sp.entity_id IN ({','.join('?' * len(scenes))}))) ", [SCENE, SCENE, *scenes])
+
+
+def agreeing_scenes(entities: EmbeddedEntities, matched: list[tuple[int, int, float]]) -> list[int] | None:
+    """Stored entity ids the request's scenes match (None when the request names no scene: no scene filter).
+
+    Only the index's nearest stored entities of each scene are candidates (`NEIGHBOURS`), so a stored scene past
+    them counts as another scene: a miss that could have been a hit, never a hit from another scene.
+    """
+    scenes = {q for q, e in enumerate(entities.entities) if e.role == SCENE}
+    if not scenes:
+        return None
+    return sorted({eid for q, eid, _ in matched if q in scenes})
+
 
 def scene_conflicts(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]],
                     entry_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
@@ -91,7 +117,7 @@ def scene_conflicts(manifest: Any, entities: EmbeddedEntities, matched: list[tup
             "SELECT p.entry_id, p.entity_id, e.text FROM postings p JOIN entities e ON e.id = p.entity_id "
             f"WHERE p.role = ? AND p.entry_id IN ({marks})", [SCENE, *ids]):
         held.setdefault(entry_id, {})[eid] = text
-    agreeing = {eid for q, eid, _ in matched if q in scenes}
+    agreeing = set(agreeing_scenes(entities, matched))
     first_scene = next(iter(scenes.values()))
     return {entry_id: (first_scene, next(iter(texts.values()))) for entry_id, texts in held.items()
             if not agreeing & set(texts)}

@@ -147,7 +147,8 @@ def check_before_switch(plan: RequestPlan, switch: int, boundary: float) -> None
     if late:
         raise ValueError(f"{what} fall at sigmas below the experts' boundary {boundary:g} (after switch_step "
                          f"{switch}), on the second expert, which CHAI Apply does not patch; choose earlier cache "
-                         "steps (the paper's 2,3,4 of 8 lie before Wan 2.2's switch) or use CHAI Sampler with model_2")
+                         "steps (the paper's 2,3,4 of 8 lie before Wan 2.2's switch; the pack's default 5,6 does not) "
+                         "or use CHAI Sampler with model_2")
 
 
 def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, schedule: Schedule,

@@ -50,6 +50,9 @@ def test_late_variants_map_steps_of_eight_to_the_nearest_sigma():
     assert late.steps_for(6) == (4, 5)  # 0.5 and 0.333
     assert late.steps_for(4) == (3, 4)  # 0.5, and 0.375 halfway between 0.5 and 0.25 goes to the later step
     assert steps_at_sigmas([1.0, 0.0], [1.0, 0.5, 0.0]) == (2,)  # never the first step
+    assert steps_at_sigmas([0.5], [1.0, 0.0]) == () and late.steps_for(1) == ()
+    with pytest.raises(ValueError, match="1..8"):
+        Variant("bad", (9,), of_eight=True).steps_for(8)
 
 
 # ---------------------------------------------------------------------------------------------- the product's hit

@@ -45,6 +45,12 @@ def test_the_same_main_subject_in_another_scene_is_a_miss_that_says_why(opener):
         s.insert("a dog", embedded(dog), FP, latents(2), SIGMAS)
         served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, THR)
         assert served.hit and served.entry.prompt == "a dog"
+        # more conflicting entries than the lookup's candidate list, all newer: the scene-less one still serves
+        for i, place in enumerate(["desert", "city", "snow", "lake", "river", "canyon", "meadow", "harbor", "jungle"]):
+            s.insert(f"a dog in the {place}", embedded(dog, Entity(place, "scene", place, "scene")), FP,
+                     latents(3 + i), SIGMAS)
+        served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, THR)
+        assert served.hit and served.entry.prompt == "a dog"
 
 
 def test_a_noun_compounded_on_one_side_names_another_thing(opener):

@@ -106,12 +106,16 @@ class Variant:
         if self.cache_steps is None:
             return cache_steps_for(toy_sigmas(n), toy_sigmas(8))
         if self.of_eight:
+            if any(not 1 <= s <= 8 for s in self.cache_steps):
+                raise ValueError(f"steps of 8 must lie in 1..8, got {self.cache_steps}")
             return steps_at_sigmas([float(toy_sigmas(8)[s - 1]) for s in self.cache_steps], toy_sigmas(n).tolist())
         return tuple(s for s in self.cache_steps if s <= n)
 
 
 def steps_at_sigmas(targets: Sequence[float], sigmas: Sequence[float]) -> tuple[int, ...]:
     """1-based steps (never the first) of a schedule whose sigma is nearest each target; ties go to the later step."""
+    if len(sigmas) <= 2:  # one step: only the first, which never borrows
+        return ()
     steps = set()
     for target in targets:
         dist = [abs(sigmas[i] - target) - 1e-9 * i for i in range(1, len(sigmas) - 1)]
