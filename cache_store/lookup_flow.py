@@ -14,7 +14,7 @@ from .errors import CacheEntryError
 from .hit_rule import HitRule
 from .index_sync import IndexKeeper
 from .manifest import shape_key
-from .roles import ROLES
+from .roles import ROLES, SCENE
 from .types import EmbeddedEntities, EntryInfo, LookupResult
 
 log = logging.getLogger(__name__)
@@ -77,14 +77,13 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     scenes = ranking.agreeing_scenes(entities, matched) if rule.scenes_must_agree else None
     candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles, scenes) if carried else []
     if not candidates and carried and scenes is not None:
-        unfiltered = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles)
-        conflicts = ranking.scene_conflicts(db, entities, matched, unfiltered)
-        if unfiltered and conflicts:
+        refused = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles)  # all of another scene
+        if refused:
             timings["select"] = time.perf_counter() - t1
-            here, there = conflicts[unfiltered[0]]
+            here = next(e.text for e in entities.entities if e.role == SCENE)
             return LookupResult(False, f"the entries that share the main subject show another scene ('{here}' "
-                                       f"here, '{there}' there); a donor from another scene leaks its look into "
-                                       "the video, so this is a miss", timings=timings)
+                                       f"here, '{ranking.entry_scene(db, refused[0])}' there); a donor from another "
+                                       "scene leaks its look into the video, so this is a miss", timings=timings)
     timings["select"] = time.perf_counter() - t1
     if not candidates:
         if not ranking.rank(db, matched, fingerprint, shape_key(shape), frozenset(ROLES)):

@@ -100,27 +100,11 @@ def agreeing_scenes(entities: EmbeddedEntities, matched: list[tuple[int, int, fl
     return sorted({eid for q, eid, _ in matched if q in scenes})
 
 
-def scene_conflicts(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]],
-                    entry_ids: Sequence[int]) -> dict[int, tuple[str, str]]:
-    """Entries that name a scene none of the request's scenes matches: entry id -> (request scene, entry scene).
-
-    A request without a scene, or an entry without one, never conflicts. Matches are the index's (similarity at
-    or above the threshold among each request entity's nearest stored entities).
-    """
-    scenes = {q: e.text for q, e in enumerate(entities.entities) if e.role == SCENE}
-    if not scenes or not entry_ids:
-        return {}
-    ids = list(entry_ids)
-    marks = ",".join("?" * len(ids))
-    held: dict[int, dict[int, str]] = {}
-    for entry_id, eid, text in manifest.query(
-            "SELECT p.entry_id, p.entity_id, e.text FROM postings p JOIN entities e ON e.id = p.entity_id "
-            f"WHERE p.role = ? AND p.entry_id IN ({marks})", [SCENE, *ids]):
-        held.setdefault(entry_id, {})[eid] = text
-    agreeing = set(agreeing_scenes(entities, matched))
-    first_scene = next(iter(scenes.values()))
-    return {entry_id: (first_scene, next(iter(texts.values()))) for entry_id, texts in held.items()
-            if not agreeing & set(texts)}
+def entry_scene(manifest: Any, entry_id: int) -> str:
+    """The text of an entry's scene ('' when it names none): what a miss refused for another scene names."""
+    rows = manifest.query("SELECT e.text FROM postings p JOIN entities e ON e.id = p.entity_id "
+                          "WHERE p.entry_id = ? AND p.role = ? ORDER BY e.id LIMIT 1", (entry_id, SCENE))
+    return rows[0][0] if rows else ""
 
 
 def matches_for(manifest: Any, entry_id: int, entities: EmbeddedEntities,

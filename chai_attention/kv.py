@@ -61,18 +61,17 @@ def cache_attention(q: Tensor, k: Tensor, v: Tensor, k_donor: Tensor, v_donor: T
     """
     if not 0.0 <= float(strength) <= 1.0:
         raise ValueError(f"Cache Attention strength must lie in [0, 1], got {strength!r}")
-    if rows is None:
-        rows = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
-    rows = rows.to(q.device)
+    every = rows is None or bool(rows.all())
+    if every and strength == 1.0:  # the product's path: no masks, no extra attention
+        return attend(q, *combine_kv(k, v, k_donor, v_donor, mode))
+    rows = torch.ones(q.shape[0], dtype=torch.bool, device=q.device) if rows is None else rows.to(q.device)
     if not bool(rows.any()) or strength == 0.0:
         return attend(q, k, v)
-    if bool(rows.all()) and strength == 1.0:
-        return attend(q, *combine_kv(k, v, k_donor, v_donor, mode))
     patched = attend(q[rows], *combine_kv(k[rows], v[rows], k_donor, v_donor, mode))
     if strength != 1.0:
         own_marked = attend(q[rows], k[rows], v[rows]).to(patched.dtype)
         patched = own_marked + float(strength) * (patched - own_marked)
-    if bool(rows.all()):
+    if every:
         return patched
     live = ~rows
     own = attend(q[live], k[live], v[live])
