@@ -10,7 +10,7 @@ process. Configurations, each on the same stream (same prompts, same seeds) and 
   * CHAI + EasyCache on misses: the same, the misses on the EasyCache MODEL (a lookup-only prompt first says hit
     or miss; ComfyUI's executor then reuses that lookup in the request's prompt, so it is counted once).
 The stream's prompts are captions of toy-world combinations (`toyworld.stream.make_stream`), so every clip is
-judged with the quality lab's measures (docs/quality-lab.md, `toyworld.lab_report`): all four attributes read back
+judged with the quality lab's measures (docs/quality-lab.md, `lab.lab_report`): all four attributes read back
 as asked (the detectors against the request's combination), background flicker and high-frequency energy as ratios
 to ground-truth renders of the same requests, and the Frechet distance of the learned video features (on the
 ground-truth set's 12 principal components) to 640 ground-truth clips of all combinations, with 95% bootstrap
@@ -141,7 +141,9 @@ def psnr_to(comfy: Comfy, reference: list[dict], runs: list[dict], modes: set[st
     """Mean PSNR (dB) of decoded clips against the reference clips, over requests whose mode is in `modes`."""
     import numpy as np
 
-    decode, psnr = comfy.module("toyworld.latent").decode, comfy.module("toyworld.quality").psnr
+    from lab.quality import psnr
+
+    decode = comfy.module("toyworld.latent").decode
 
     values = [psnr(decode(r["latent"]).numpy(), decode(ref["latent"]).numpy())
               for ref, r in zip(reference, runs) if r["mode"] in modes]
@@ -156,7 +158,9 @@ def lab_rows(comfy: Comfy, combos: list, results: dict[str, list[dict]], reps: i
     Frechet distance also as a paired difference to the no-cache clips of the same requests."""
     import numpy as np
 
-    lab, world = comfy.module("toyworld.lab_report"), comfy.module("toyworld.world")
+    from lab import lab_report as lab
+
+    world = comfy.module("toyworld.world")
     decode, all_combos = comfy.module("toyworld.latent").decode, comfy.module("toyworld.prompts").all_combos
     truth_key = ("gt", "-", 0, "-")
     clips = [lab.Clip(i, truth_key, world.render(world.random_spec(*c, np.random.default_rng(GT_SEED + i))), c)
@@ -212,8 +216,9 @@ def print_table(comfy: Comfy, results: dict[str, list[dict]], quality: dict[str,
                 args: argparse.Namespace) -> None:
     """The stream table: hits, steps, seconds, speedup against no cache, PSNR against the no-cache clips, and the
     quality lab's figures against ground truth."""
+    from lab.lab_report import fmt_ci
+
     table = comfy.module("toyworld.text_table").table
-    fmt_ci = comfy.module("toyworld.lab_report").fmt_ci
 
     modes = ({"full", "fast"}, {"fast"}, {"full"})
 

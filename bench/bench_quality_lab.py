@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 python bench/bench_quality_lab.py               # all 90 held-out prompts, JSON + pictures
 
 Every held-out combination of the weights' split gets a seeded caption and noise seed and four donors (sharing the
-scene, the coloured object, nothing, or everything: see `toyworld/lab.py`), each a real 30-step run of its own
+scene, the coloured object, nothing, or everything: see `lab/lab.py`), each a real 30-step run of its own
 caption. Conditions, side by side in one run, on the same prompts and seeds:
   * table 1, does the world make few steps hurt: ground truth (renders of the same prompts), 30 steps, plain N;
   * table 2, the grid: plain N and CHAI N per donor relation (replace, block 0, donor latent at the matched sigma)
@@ -14,7 +14,7 @@ caption. Conditions, side by side in one run, on the same prompts and seeds:
     sets (early, single, late), concat, blocks 0 and 1, the donor's clean result, weaker borrowing (a strength
     that blends the borrowed attention output with the block's own); with --late instead, cache steps late in the
     schedule (5-6, 6-7, 5-7, 7-8 of 8) for every relation at every N.
-Measures (`toyworld/measures.py`, `toyworld/features.py`): all four attributes right (detectors), donor leakage,
+Measures (`lab/measures.py`, `lab/features.py`): all four attributes right (detectors), donor leakage,
 flicker and high-frequency energy as ratios to ground truth, palette distance, layout error, the Frechet distance on
 summary features and on the toy world's learned video features against 640 ground-truth clips, with 95% bootstrap
 intervals over prompts; "FD - plain N" is the paired difference to plain sampling at the same N (negative: CHAI
@@ -36,14 +36,14 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench._common import REPO, table  # noqa: E402
-from comfyui_chai.toyworld.lab import DEFAULT, PACK, LabSampler, Variant, make_lab_items  # noqa: E402
-from comfyui_chai.toyworld.lab_plots import write_grid, write_steps_plot  # noqa: E402
-from comfyui_chai.toyworld.lab_report import (GT_SET, Clip, baselines, build_cells, ground_truth_set, label,  # noqa: E402
-                                              row, table_rows)
 from comfyui_chai.toyworld.latent import decode  # noqa: E402
 from comfyui_chai.toyworld.model import lab_weights, load_toy_model, toy_text_encoder  # noqa: E402
 from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
 from comfyui_chai.toyworld.world import random_spec, render  # noqa: E402
+from lab.lab import DEFAULT, PACK, LabSampler, Variant, make_lab_items  # noqa: E402
+from lab.lab_plots import write_grid, write_steps_plot  # noqa: E402
+from lab.lab_report import (GT_SET, Clip, baselines, build_cells, ground_truth_set, label,  # noqa: E402
+                            row, table_rows)
 
 FULL = 30
 ABLATIONS = (Variant("steps 2", (2,)), Variant("steps 1-4", (1, 2, 3, 4)), Variant("steps 2-6", (2, 3, 4, 5, 6)),

@@ -22,7 +22,7 @@ again in another phrasing; the count is printed. Per prompt and seed:
     the prompt's noise seed plays no part). Run from both donors; the "whole-prompt pick" row takes, per prompt,
     the donor whose whole prompt is nearer by MiniLM cosine (NIRVANA's whole-prompt match over the same cache).
 Scores: detector accuracy against the prompt's attributes; PSNR and SSIM of the decoded clip against the
-reference clip of the same prompt and seed; leakage (`toyworld.quality`): the share of (clip, attribute the donor
+reference clip of the same prompt and seed; leakage (`lab.quality`): the share of (clip, attribute the donor
 does not share) pairs where the detector reads the donor's value; the plain and reference rows, scored against
 both donors, give the chance level. Seconds per clip: sampling with text encoding (CHAI: the whole request with
 entity extraction and lookup), one thread; decoding and detection are not counted, nor the donors' own runs.
@@ -45,13 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench._common import REPO, shorten, table  # noqa: E402
-from comfyui_chai.toyworld.experiment import (FAST_STEPS, FULL_STEPS, Item, QualityBench, lookup_finds,  # noqa: E402
-                                              make_items, run)
 from comfyui_chai.toyworld.model import DEFAULT_CFG  # noqa: E402
 from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
-from comfyui_chai.toyworld.quality import DONOR_KINDS, NIRVANA_START_SIGMA  # noqa: E402
-from comfyui_chai.toyworld.quality_report import (build_rows, donor_row, main_table, sweep_table,  # noqa: E402
-                                                  verdicts, write_grid)
+from lab.experiment import (FAST_STEPS, FULL_STEPS, Item, QualityBench, lookup_finds,  # noqa: E402
+                            make_items, run)
+from lab.quality import DONOR_KINDS, NIRVANA_START_SIGMA  # noqa: E402
+from lab.quality_report import (build_rows, donor_row, main_table, sweep_table,  # noqa: E402
+                                verdicts, write_grid)
 
 QUICK_PROMPTS = 3
 DEFAULT_PNG = REPO / "docs" / "toy_quality.png"

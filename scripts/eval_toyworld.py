@@ -19,8 +19,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from comfyui_chai.opensora.loading import load_stdit3  # noqa: E402
-from comfyui_chai.toyworld.evaluate import DEFAULT_CFG, DEFAULT_STEPS, evaluate  # noqa: E402
 from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
+from lab.evaluate import DEFAULT_CFG, DEFAULT_STEPS, evaluate  # noqa: E402
 
 
 def save_grid(videos: np.ndarray, path: Path, scale: int = 4) -> None:

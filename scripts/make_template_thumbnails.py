@@ -90,8 +90,8 @@ def toy_frames() -> tuple[np.ndarray, str]:
 
     from make_chai_workflows import TOY_PROMPT, toy_t2v
 
-    from comfyui_chai.toyworld.evaluate import generate
     from comfyui_chai.toyworld.model import load_toy_model
+    from lab.evaluate import generate
 
     sampler = next(n for n in toy_t2v().to_json()["nodes"] if n["type"] == "CHAI_Sampler")
     seed, _, cfg, _, _, full_steps = sampler["widgets_values"][:6]

@@ -1,6 +1,6 @@
-"""Train the toy world's video feature extractor (`toyworld/features.py`) and write its weights.
+"""Train the toy world's video feature extractor (`lab/features.py`) and write its weights.
 
-    python scripts/train_toy_features.py                  # toyworld/weights/toyworld_features.safetensors
+    python scripts/train_toy_features.py                  # lab/measure_weights/toyworld_features.safetensors
     python scripts/train_toy_features.py --out f.safetensors --steps 300
 
 Seeded and deterministic for a given thread count; a few minutes on one CPU thread.
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from comfyui_chai.toyworld import features  # noqa: E402
+from lab import features  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from comfyui_chai.toyworld.train import TrainConfig, Trainer  # noqa: E402
+from lab.train import TrainConfig, Trainer  # noqa: E402
 
 
 # The first lab recipe on this project's 2-core CPU (about 75 minutes at one thread), the wide one (the shipped lab

@@ -5,15 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
-from comfyui_chai.toyworld import features as feats
-from comfyui_chai.toyworld import measures
-from comfyui_chai.toyworld.lab import (DEFAULT, PACK, RELATIONS, LabSampler, Request, Variant, differs_everywhere,
-                                       make_lab_items, steps_at_sigmas)
+from comfyui_chai.chai_attention.kv import chunk_row_mask
 from comfyui_chai.toyworld.model import toy_sigmas, toy_text_encoder
 from comfyui_chai.toyworld.prompts import make_split
-from comfyui_chai.toyworld.quality import is_one_entity_donor
 from comfyui_chai.toyworld.world import random_spec, render
+from lab import features as feats
+from lab import measures
+from lab.lab import (DEFAULT, PACK, RELATIONS, LabSampler, Request, Variant, borrowed_attention,
+                     differs_everywhere, make_lab_items, steps_at_sigmas)
+from lab.quality import is_one_entity_donor
 
 DONOR = "a red ball bouncing across a sunny beach"
 HIT = "a blue kite drifting left across a sandy beach"
@@ -83,13 +85,41 @@ def test_lab_default_chai_is_the_products_hit(tmp_path):
     torch.testing.assert_close(latent, hit.latent, rtol=1e-4, atol=1e-4)
     plain = lab.run(Request(HIT, ("beach", "kite", "blue", "left"), 4), 8)
     assert (plain - latent).abs().max() > 1e-3  # borrowing changed the sample
-    # strength 0 borrows nothing (plain sampling); half strength is a third sample (the kernel's blend is tested
-    # in test_chai_attention; through 8 sampling steps the effect need not be monotone)
+    # strength 0 borrows nothing (plain sampling); half strength is a third sample (the blend itself is tested
+    # below; through 8 sampling steps the effect need not be monotone)
     req = Request(HIT, ("beach", "kite", "blue", "left"), 4)
     off, _ = lab.chai(req, 8, [donor], Variant("off", PACK.cache_steps, of_eight=True, strength=0.0))
     torch.testing.assert_close(off, plain, rtol=1e-5, atol=1e-5)
     half, _ = lab.chai(req, 8, [donor], Variant("half", PACK.cache_steps, of_eight=True, strength=0.5))
     assert (half - plain).abs().max() > 1e-3 and (half - latent).abs().max() > 1e-3
+
+
+def _obvious_attention(q, k, v):
+    """softmax(q k^T / sqrt(d)) v per head, written out."""
+    return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
+
+
+@pytest.mark.parametrize("strength", [0.0, 0.25, 1.0])
+@pytest.mark.parametrize("mode", ["replace", "concat"])
+@pytest.mark.parametrize("flags", [[True, False], [True, True], [False, False]])
+def test_borrowed_attention_blends_only_the_marked_rows(strength, mode, flags):
+    gen = torch.Generator().manual_seed(1)
+    rows, heads, n, d = 4, 2, 5, 4
+    q, k, v = (torch.randn(rows, heads, n, d, generator=gen) for _ in range(3))
+    kd, vd = (torch.randn(2, heads, 3, d, generator=gen) for _ in range(2))
+    mask = chunk_row_mask(flags, rows)
+    out = borrowed_attention(q, k, v, kd, vd, F.scaled_dot_product_attention, mode, mask, strength)
+    for r in range(rows):
+        own = _obvious_attention(q[r], k[r], v[r])
+        if mask[r]:
+            kk = kd[r % 2] if mode == "replace" else torch.cat([k[r], kd[r % 2]], dim=-2)
+            vv = vd[r % 2] if mode == "replace" else torch.cat([v[r], vd[r % 2]], dim=-2)
+            want = own + strength * (_obvious_attention(q[r], kk, vv) - own)
+        else:
+            want = own
+        torch.testing.assert_close(out[r], want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="strength must lie in"):
+        borrowed_attention(q, k, v, kd, vd, F.scaled_dot_product_attention, mode, mask, 1.5)
 
 
 # ---------------------------------------------------------------------------------------------- measures
@@ -152,7 +182,7 @@ def test_missing_feature_weights_say_how_to_rebuild(tmp_path):
 
 
 def test_lab_rows_read_degraded_ground_truth_as_worse():
-    from comfyui_chai.toyworld.lab_report import Clip, baselines, build_cells, row
+    from lab.lab_report import Clip, baselines, build_cells, row
 
     split = make_split(0, 0.1)
     rng = np.random.default_rng(9)
@@ -173,7 +203,7 @@ def test_lab_rows_read_degraded_ground_truth_as_worse():
 
 def test_ground_truth_set_cycles_the_combinations_with_fresh_seeds():
     from comfyui_chai.toyworld.detect import detect
-    from comfyui_chai.toyworld.lab_report import ground_truth_set
+    from lab.lab_report import ground_truth_set
 
     combos = [("beach", "ball", "red", "right"), ("forest", "car", "blue", "left")]
     a = ground_truth_set(combos, 5)

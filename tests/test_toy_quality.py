@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from comfyui_chai.toyworld import quality
 from comfyui_chai.toyworld.detect import ATTRIBUTES
-from comfyui_chai.toyworld.experiment import QualityBench, lookup_finds, make_items, run
 from comfyui_chai.toyworld.model import toy_config, toy_sigmas
 from comfyui_chai.toyworld.prompts import make_split
-from comfyui_chai.toyworld.quality import (DONOR_KINDS, ENTITY_GROUPS, count_leakage, differing_attributes,
-                                           nirvana_plan, one_entity_donor, psnr, shared_groups, ssim, ssim_map)
-from comfyui_chai.toyworld.quality_report import build_rows, donor_row, main_table, sweep_table, verdicts, write_grid
+from lab import quality
+from lab.experiment import QualityBench, lookup_finds, make_items, run
+from lab.quality import (DONOR_KINDS, ENTITY_GROUPS, count_leakage, differing_attributes,
+                         nirvana_plan, one_entity_donor, psnr, shared_groups, ssim, ssim_map)
+from lab.quality_report import build_rows, donor_row, main_table, sweep_table, verdicts, write_grid
 
 
 # ---------------------------------------------------------------------------------------------- PSNR / SSIM

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from comfyui_chai.toyworld import detect, latent, world
-from comfyui_chai.toyworld.data import make_batch, step_rng
 from comfyui_chai.toyworld.model import ToyVideoSpec, toy_config, toy_sigmas, toy_text_encoder
 from comfyui_chai.toyworld.prompts import (SCENE_HEAD, TEMPLATES, all_combos, canonical_caption, caption, make_split)
 from comfyui_chai.toyworld.text import ToyTextEncoder, word_vector
-from comfyui_chai.toyworld.train import TrainConfig, Trainer
+from lab.data import make_batch, step_rng
+from lab.train import TrainConfig, Trainer
 
 TINY = dict(hidden_size=32, depth=1, num_heads=2, batch_size=2, warmup_steps=0, log_every=1, threads=1)
 
@@ -242,7 +242,7 @@ def test_a_few_steps_reduce_the_loss_on_a_fixed_batch(tmp_path):
 
 
 def test_mixed_timesteps_cover_the_low_noise_end():
-    from comfyui_chai.toyworld.train import sample_sigmas
+    from lab.train import sample_sigmas
 
     s = sample_sigmas("mixed", 4000, torch.Generator().manual_seed(0), 2.0)
     low = sample_sigmas("logit_normal", 4000, torch.Generator().manual_seed(0), 2.0)
@@ -258,7 +258,7 @@ def test_learning_rate_warms_up_then_decays_by_cosine(tmp_path):
 
 
 def test_worker_processes_render_the_same_batches(tmp_path):
-    from comfyui_chai.toyworld.data import Prefetcher, batch_for
+    from lab.data import Prefetcher, batch_for
 
     split = make_split(0, 0.1)
     pre = Prefetcher(split.train, 3, 5, toy_text_encoder(), workers=1)
@@ -337,7 +337,7 @@ def test_exported_weights_load_with_the_opensora_loader(tmp_path):
 
 
 def test_generate_runs_the_reference_sampler(tmp_path):
-    from comfyui_chai.toyworld.evaluate import generate
+    from lab.evaluate import generate
 
     trainer = Trainer(TrainConfig(out_dir=str(tmp_path), **TINY))
     videos = generate(trainer.ema, ["a red ball bouncing on the beach", "a blue car moving up in a desert"],
@@ -348,7 +348,7 @@ def test_generate_runs_the_reference_sampler(tmp_path):
 
 
 def test_object_weight_changes_the_loss_not_the_plain_mse(tmp_path):
-    from comfyui_chai.toyworld.train import object_halo
+    from lab.train import object_halo
 
     masks = torch.zeros(1, 1, 2, 5, 5)
     masks[0, 0, 0, 2, 2] = 1

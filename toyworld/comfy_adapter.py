@@ -4,7 +4,7 @@
   `CHAI_OpenSoraTextEncode` hands T5 features to the OpenSora model (padding trimmed, no mask). The toy's
   hashed word features (`toy_text_encoder`: y [1, 1, 20, 64] plus a 0/1 mask) become exactly that: the first L
   rows, L = the prompt's word count (at most 20). The model's null caption of the same length is the negative,
-  as in `toyworld.evaluate.generate`, where the mask hides the same padded rows of both.
+  as in `lab.evaluate.generate`, where the mask hides the same padded rows of both.
 - Latent: zeros of `ToyVideoSpec().latent_shape(B)` = [B, 4, 8, 16, 16]; nothing else travels with it, the
   loader gives the model its nominal 128x128, 8-frame video (`opensora.comfy_adapter.FixedSampling`).
 - Frames: `latent.decode` to RGB in [0, 1], nearest-neighbour upscaled (8x: 128x128, what the model's nominal

@@ -1,7 +1,7 @@
 """Tier 2: the shipped toy-world model in a real ComfyUI: loader list, fixed shift and video, toy nodes, and the
 shipped chai_toy_t2v workflow run twice (a miss, then a hit that shares the scene), each saving a video.
 
-ComfyUI-path samples are compared with the pure-torch reference (`toyworld.evaluate.generate`: opensora.sampler
+ComfyUI-path samples are compared with the pure-torch reference (`lab.evaluate.generate`: opensora.sampler
 with the toy's mask, null caption, nominal size and schedule). ComfyUI's noise for a seed is the reference's
 (`comfy.sample.prepare_noise` and `opensora.sampler.make_noise` both draw torch.randn from a CPU generator seeded
 with it), so the decoded clips agree to float rounding.
@@ -81,9 +81,10 @@ def toy_graph(prompt: str = MISS_PROMPT, batch: int = 1) -> dict:
 
 
 def reference_clip(comfy, env: dict, prompt: str, seed: int, steps: int, cfg: float) -> np.ndarray:
-    """toyworld.evaluate.generate on the shipped weights: one RGB clip [T, 16, 16, 3]."""
-    evaluate = comfy.pack_module("toyworld.evaluate")
-    return evaluate.generate(env["reference"], [prompt], [seed], steps=steps, cfg=cfg)[0]
+    """lab.evaluate.generate on the shipped weights: one RGB clip [T, 16, 16, 3]."""
+    from lab.evaluate import generate
+
+    return generate(env["reference"], [prompt], [seed], steps=steps, cfg=cfg)[0]
 
 
 def assert_same_clip(frames: np.ndarray, ref: np.ndarray) -> None:

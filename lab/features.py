@@ -4,7 +4,7 @@ It learns two things from rendered clips only: the four attributes (scene, shape
 content), and real vs degraded (blur, speckle noise, per-frame flicker, the average of two clips of one prompt:
 what a sampler that averages outcomes produces). Its 32-d penultimate activations are the features of the
 Frechet distance in `measures.py`, so the distance sees both layout and detail. Trained with a fixed seed by
-`scripts/train_toy_features.py` (a few CPU minutes); the weights ship in `weights/`.
+`scripts/train_toy_features.py` (a few CPU minutes); the weights ship in `lab/measure_weights/`.
 """
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from .prompts import all_combos
-from .world import COLOURS, MOTIONS, OBJECTS, SCENES, random_spec, render
+from comfyui_chai.toyworld.prompts import all_combos
+from comfyui_chai.toyworld.world import COLOURS, MOTIONS, OBJECTS, SCENES, random_spec, render
 
 FEATURE_DIM = 32
 HEADS = {"scene": len(SCENES), "obj": len(OBJECTS), "colour": len(COLOURS), "motion": len(MOTIONS), "real": 2}
-# Outside weights/: that folder is listed by the model loader nodes, and this is no diffusion model.
+# Beside the lab, not in toyworld/weights/: that folder is listed by the model loader nodes, and this is no
+# diffusion model.
 WEIGHTS = Path(__file__).resolve().parent / "measure_weights" / "toyworld_features.safetensors"
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .latent import encode
-from .prompts import Combo, caption
-from .text import ToyTextEncoder
-from .world import object_masks, random_spec, render
+from comfyui_chai.toyworld.latent import encode
+from comfyui_chai.toyworld.prompts import Combo, caption
+from comfyui_chai.toyworld.text import ToyTextEncoder
+from comfyui_chai.toyworld.world import object_masks, random_spec, render
 
 
 @dataclass

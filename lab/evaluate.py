@@ -7,11 +7,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..opensora import sampler
-from .detect import Detection, accuracy, detect
-from .latent import decode
-from .model import DEFAULT_CFG, DEFAULT_SHIFT, ToyVideoSpec, toy_sigmas, toy_text_encoder
-from .prompts import Combo, caption
+from comfyui_chai.opensora import sampler
+from comfyui_chai.toyworld.detect import Detection, accuracy, detect
+from comfyui_chai.toyworld.latent import decode
+from comfyui_chai.toyworld.model import DEFAULT_CFG, DEFAULT_SHIFT, ToyVideoSpec, toy_sigmas, toy_text_encoder
+from comfyui_chai.toyworld.prompts import Combo, caption
 
 DEFAULT_STEPS = 30
 

@@ -25,13 +25,14 @@ from typing import Any, Callable
 import torch
 from torch import Tensor, nn
 
-from ..opensora import stdit3
-from ..opensora.loading import save_stdit3
-from .data import Prefetcher, step_generator
-from .latent import LATENT_SCALE
-from .model import DEFAULT_SHIFT, TEXT_DIM, TEXT_TOKENS, ToyVideoSpec, toy_config, toy_text_encoder
-from .prompts import make_split
-from .world import FRAMES, SIZE, WORLD_VERSION
+from comfyui_chai.opensora import stdit3
+from comfyui_chai.opensora.loading import save_stdit3
+from comfyui_chai.toyworld.latent import LATENT_SCALE
+from comfyui_chai.toyworld.model import (DEFAULT_SHIFT, TEXT_DIM, TEXT_TOKENS, ToyVideoSpec, toy_config,
+                                          toy_text_encoder)
+from comfyui_chai.toyworld.prompts import make_split
+from comfyui_chai.toyworld.world import FRAMES, SIZE, WORLD_VERSION
+from lab.data import Prefetcher, step_generator
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "log.jsonl"
@@ -317,7 +318,7 @@ class Trainer:
 
     def init_from_weights(self, path: Path) -> None:
         """Start from exported weights (model and EMA both take them; a fresh optimizer; the step they record)."""
-        from ..opensora.loading import load_stdit3, read_checkpoint_header
+        from comfyui_chai.opensora.loading import load_stdit3, read_checkpoint_header
 
         facts = json.loads(read_checkpoint_header(path)[1].get("toyworld", "{}"))
         weights = load_stdit3(path, device=self.device).state_dict()

@@ -11,9 +11,9 @@ K/V from the donor's latent at the matched sigma or from its clean result, and m
 scene donor and of an object donor, concatenated along the tokens). The lab drives STDiT3's own `attn_replace`
 hook: at a cache step the donor latent goes through the model once (its own caption, the live step's timestep;
 the hook keeps each patched block's k/v), then the live [cond; uncond] batch runs with the cond rows attending to
-those K/V (`kv.cache_attention`). `PACK` (block 0, replace,
-matched sigma, the default cache steps) is exactly the product's hit (`tests/test_quality_lab.py` checks it
-against `ChaiPipeline`).
+those K/V (`borrowed_attention`: the product's `kv.combine_kv`, then the lab's strength blend). `PACK` (block 0,
+replace, matched sigma, the default cache steps) is exactly the product's hit (`tests/test_quality_lab.py` checks
+it against `ChaiPipeline`).
 """
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..chai_attention.config import ChaiConfig
-from ..chai_attention.kv import cache_attention, chunk_row_mask
-from ..opensora.sampler import make_noise, opensora_model_kwargs, sample
-from .model import DEFAULT_CFG, ToyVideoSpec, toy_sigmas
-from .prompts import Combo, caption, seeded_prefix
-from .quality import cache_steps_for, is_one_entity_donor
+from comfyui_chai.chai_attention.config import ChaiConfig
+from comfyui_chai.chai_attention.kv import chunk_row_mask, combine_kv
+from comfyui_chai.opensora.sampler import make_noise, opensora_model_kwargs, sample
+from comfyui_chai.toyworld.model import DEFAULT_CFG, ToyVideoSpec, toy_sigmas
+from comfyui_chai.toyworld.prompts import Combo, caption, seeded_prefix
+from lab.quality import cache_steps_for, is_one_entity_donor
 
 RELATIONS: tuple[str, ...] = ("scene", "object", "none", "same")
 FULL_STEPS = 30
@@ -219,6 +219,33 @@ class LabSampler:
         return self.run(req, steps, wrap), fired
 
 
+def borrowed_attention(q: Tensor, k: Tensor, v: Tensor, k_donor: Tensor, v_donor: Tensor,
+                       attend: Callable[[Tensor, Tensor, Tensor], Tensor], mode: str, rows: Tensor,
+                       strength: float = 1.0) -> Tensor:
+    """attend(q, K, V) with the rows marked in `rows` (bool [R]) on the donor's K/V per `mode`.
+
+    Marked rows' outputs are blended with the block's own: own + strength * (borrowed - own), strength in [0, 1]
+    (1 is the paper's and the product's); unmarked rows attend to their own k/v as the unpatched block would.
+    """
+    if not 0.0 <= float(strength) <= 1.0:
+        raise ValueError(f"Cache Attention strength must lie in [0, 1], got {strength!r}")
+    rows = rows.to(q.device)
+    if not bool(rows.any()) or strength == 0.0:
+        return attend(q, k, v)
+    patched = attend(q[rows], *combine_kv(k[rows], v[rows], k_donor, v_donor, mode))
+    if strength != 1.0:
+        own_marked = attend(q[rows], k[rows], v[rows]).to(patched.dtype)
+        patched = own_marked + float(strength) * (patched - own_marked)
+    if bool(rows.all()):
+        return patched
+    live = ~rows
+    own = attend(q[live], k[live], v[live])
+    out = patched.new_empty((q.shape[0], *patched.shape[1:]))
+    out[rows] = patched
+    out[live] = own.to(patched.dtype)
+    return out
+
+
 def _borrow(kvs: Sequence[tuple[Tensor, Tensor]], mode: str, strength: float = 1.0) -> Callable[[Any], Tensor]:
     """attn_replace callable: the cond half (first chunk of the batched CFG) attends to the donors' K/V."""
     k_d = torch.cat([k for k, _ in kvs], dim=-2)
@@ -226,10 +253,9 @@ def _borrow(kvs: Sequence[tuple[Tensor, Tensor]], mode: str, strength: float = 1
 
     def fn(call: Any) -> Tensor:
         rows = chunk_row_mask([True, False], call.q.shape[0], call.q.device)
-        return cache_attention(call.q, call.k, call.v, k_d, v_d, call.block.attn.attend, mode=mode, rows=rows,
-                               strength=strength)
+        return borrowed_attention(call.q, call.k, call.v, k_d, v_d, call.block.attn.attend, mode, rows, strength)
     return fn
 
 
 __all__ = ["RELATIONS", "FULL_STEPS", "Request", "LabItem", "Variant", "DEFAULT", "PACK", "DonorRun", "LabSampler",
-           "make_lab_items", "pick_donor", "differs_everywhere", "steps_at_sigmas"]
+           "make_lab_items", "pick_donor", "differs_everywhere", "steps_at_sigmas", "borrowed_attention"]

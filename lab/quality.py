@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .detect import ATTRIBUTES
-from .prompts import Combo, all_combos
+from comfyui_chai.toyworld.detect import ATTRIBUTES
+from comfyui_chai.toyworld.prompts import Combo, all_combos
 
 ENTITY_GROUPS: dict[str, tuple[str, ...]] = {"scene": ("scene",), "object": ("obj", "colour"), "motion": ("motion",)}
 DONOR_KINDS: tuple[str, ...] = ("scene", "object")  # the groups an extractor files as entities

@@ -12,11 +12,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .detect import ATTRIBUTES, Detection, accuracy
-from .experiment import FULL_STEPS, Item, Record
-from .prompts import Combo
-from .quality import DONOR_KINDS, count_leakage, differing_attributes
-from .text_table import table
+from comfyui_chai.toyworld.detect import ATTRIBUTES, Detection, accuracy
+from comfyui_chai.toyworld.prompts import Combo
+from comfyui_chai.toyworld.text_table import table
+from lab.experiment import FULL_STEPS, Item, Record
+from lab.quality import DONOR_KINDS, count_leakage, differing_attributes
 
 TARGETS = {"reference_all": 0.90, "within_points": 0.02, "leakage": 0.05}
 GRID_FRAMES = (0, 2, 5, 7)

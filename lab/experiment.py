@@ -14,17 +14,17 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..chai_attention.config import ChaiConfig
-from ..chai_attention.donors import DonorCapture
-from ..chai_attention.fingerprint import model_fingerprint
-from ..chai_attention.pipeline import ChaiPipeline
-from ..chai_attention.steps import plan_for_config
-from ..opensora.sampler import make_noise, opensora_model_kwargs, sample
-from .detect import detect
-from .latent import decode
-from .model import DEFAULT_CFG
-from .prompts import Combo, caption, seeded_prefix
-from .quality import (DONOR_KINDS, NIRVANA_START_SIGMA, cache_steps_for, nearest_by_cosine, nirvana_plan,
+from comfyui_chai.chai_attention.config import ChaiConfig
+from comfyui_chai.chai_attention.donors import DonorCapture
+from comfyui_chai.chai_attention.fingerprint import model_fingerprint
+from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+from comfyui_chai.chai_attention.steps import plan_for_config
+from comfyui_chai.opensora.sampler import make_noise, opensora_model_kwargs, sample
+from comfyui_chai.toyworld.detect import detect
+from comfyui_chai.toyworld.latent import decode
+from comfyui_chai.toyworld.model import DEFAULT_CFG
+from comfyui_chai.toyworld.prompts import Combo, caption, seeded_prefix
+from lab.quality import (DONOR_KINDS, NIRVANA_START_SIGMA, cache_steps_for, nearest_by_cosine, nirvana_plan,
                       one_entity_donor, psnr, ssim)
 
 FULL_STEPS = 30
@@ -95,7 +95,7 @@ def make_items(held_out: Sequence[Combo], pool: Sequence[Combo], n: int | None, 
 def lookup_finds(cache: Any, margin: float = 0.01) -> Callable[[str, str], bool]:
     """accept(prompt, donor_prompt): the cache's hit rule accepts some entity pair of the two prompts with
     `margin` to spare (pairs at the threshold are drawn again rather than left to float rounding)."""
-    from ..cache_store.hit_rule import HitRule
+    from comfyui_chai.cache_store.hit_rule import HitRule
 
     rule = HitRule(min(cache.threshold + margin, 1.0))
 

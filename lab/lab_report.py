@@ -7,12 +7,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import features as feats
-from .detect import ATTRIBUTES, detect
-from .measures import bootstrap, bootstrap_frechet, frechet, measure, standardiser
-from .prompts import Combo
-from .quality import count_leakage, psnr, ssim
-from .world import random_spec, render
+from comfyui_chai.toyworld.detect import ATTRIBUTES, detect
+from comfyui_chai.toyworld.prompts import Combo
+from comfyui_chai.toyworld.world import random_spec, render
+from lab import features as feats
+from lab.measures import bootstrap, bootstrap_frechet, frechet, measure, standardiser
+from lab.quality import count_leakage, psnr, ssim
 
 # The Frechet distance on learned features uses the reference set's top principal components: ~90 clips per cell
 # cannot estimate a 32-d covariance (the distance would be dominated by estimation noise).
@@ -111,7 +111,7 @@ class Baselines:
 
 def baselines(gt_set: np.ndarray, gt_cell: Cell) -> Baselines:
     """From a large ground-truth clip set [N, T, H, W, 3] and the ground-truth cell of the lab's own prompts."""
-    from .measures import summary_features
+    from lab.measures import summary_features
 
     ref = feats.features(gt_set)
     centre = ref.mean(0)

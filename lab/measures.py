@@ -19,8 +19,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .detect import object_pixels
-from .world import SCENES, SIZE, render_backdrop
+from comfyui_chai.toyworld.detect import object_pixels
+from comfyui_chai.toyworld.world import SCENES, SIZE, render_backdrop
 
 PALETTE_SEEDS = 24
 PALETTE_SAMPLES = 2048
