@@ -23,8 +23,7 @@ from comfyui_chai.toyworld.world import COLOURS, MOTIONS, OBJECTS, SCENES, rando
 
 FEATURE_DIM = 32
 HEADS = {"scene": len(SCENES), "obj": len(OBJECTS), "colour": len(COLOURS), "motion": len(MOTIONS), "real": 2}
-# Beside the lab, not in toyworld/weights/: that folder is listed by the model loader nodes, and this is no
-# diffusion model.
+# Not in toyworld/weights/: that folder is listed by the model loader nodes, and this is no diffusion model.
 WEIGHTS = Path(__file__).resolve().parent / "measure_weights" / "toyworld_features.safetensors"
 
 
