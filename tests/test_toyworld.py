@@ -333,7 +333,12 @@ def test_exported_weights_load_with_the_opensora_loader(tmp_path):
     with torch.no_grad():
         a = model(batch.x0, torch.tensor([500.0]), batch.y, batch.mask, **kw)
         b = trainer.ema(batch.x0, torch.tensor([500.0]), batch.y, batch.mask, **kw)
-    assert torch.equal(a, b) and a.shape == (1, 8, world.FRAMES, world.SIZE, world.SIZE)
+    for name, tensor in trainer.ema.state_dict().items():
+        assert torch.equal(model.state_dict()[name], tensor), name
+    # Same weights; the outputs agree to float32 rounding (a freshly loaded tensor may take another CPU kernel
+    # path than the trainer's, which moves the last bits).
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    assert a.shape == (1, 8, world.FRAMES, world.SIZE, world.SIZE)
 
 
 def test_generate_runs_the_reference_sampler(tmp_path):
