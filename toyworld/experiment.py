@@ -16,7 +16,7 @@ import torch
 
 from ..chai_attention.config import ChaiConfig
 from ..chai_attention.donors import DonorCapture
-from ..chai_attention.fingerprint import model_fingerprint
+from ..chai_attention.identity import model_fingerprint
 from ..chai_attention.pipeline import ChaiPipeline
 from ..chai_attention.steps import plan_for_config
 from ..opensora.sampler import make_noise, opensora_model_kwargs, sample
