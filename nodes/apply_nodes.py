@@ -15,6 +15,7 @@ from comfy_api.latest import io
 from ..chai_attention.adapters import supported_families
 from ..chai_attention.comfy.apply import AppliedRun, chai_apply
 from ..chai_attention.constants import WAN22_BOUNDARY
+from ..chai_attention.payloads import CacheHit
 from ..chai_attention.status import sampler_status
 from .canvas import show
 from .errors import user_errors
@@ -81,7 +82,7 @@ class Apply(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,
-                cache_steps: str, kv_mode: str, apply_to: str, hit: Any = None, model_2: Any = None,
+                cache_steps: str, kv_mode: str, apply_to: str, hit: CacheHit | None = None, model_2: Any = None,
                 boundary: float = WAN22_BOUNDARY, positive: Any = None) -> io.NodeOutput:
         node = "CHAI Apply"
         with user_errors(node):

@@ -18,12 +18,12 @@ from ..cache_store.embedders.function import FunctionEmbedder
 from ..cache_store.entities import EntityExtractor
 from ..cache_store.service import note_lookup, reader_generation
 from ..chai_attention.adapters import supported_families
-from ..chai_attention.cache_io import WriteOutcome, WriteReport, write_trace
+from ..chai_attention.cache_io import CacheLike, WriteOutcome, WriteReport, write_trace
 from ..chai_attention.comfy.lookup import chai_lookup
 from ..chai_attention.comfy.sample import chai_sample
 from ..chai_attention.comfy.text import TEXT_ENCODER_THRESHOLD, text_encoder_embedder
 from ..chai_attention.constants import WAN22_BOUNDARY
-from ..chai_attention.payloads import CacheHit, PromptEntities
+from ..chai_attention.payloads import CacheHit, PromptEntities, SampleTrace
 from ..chai_attention.status import lookup_status, same_prompt_note, sampler_status, write_status
 from .canvas import executing_node_id, show
 from .errors import ChaiNodeError, user_errors
@@ -148,8 +148,8 @@ class CacheLookup(io.ComfyNode):
         return threshold, reader_generation(f"CHAI_CacheLookup:{executing_node_id()}")
 
     @classmethod
-    def execute(cls, cache: Any, entities: Any, model: Any, latent: dict, threshold: float, model_2: Any = None,
-                positive: Any = None) -> io.NodeOutput:
+    def execute(cls, cache: CacheLike, entities: PromptEntities, model: Any, latent: dict, threshold: float,
+                model_2: Any = None, positive: Any = None) -> io.NodeOutput:
         node = "CHAI Cache Lookup"
         with user_errors(node):
             note_lookup(f"CHAI_CacheLookup:{executing_node_id()}", cache)
@@ -229,7 +229,7 @@ class Sampler(io.ComfyNode):
     @classmethod
     def execute(cls, model: Any, positive: Any, negative: Any, latent: dict, seed: int, cfg: float,
                 sampler_name: str, scheduler: str, full_steps: int, fast_steps: int, cache_steps: str,
-                kv_mode: str, apply_to: str, hit: Any = None, model_2: Any = None,
+                kv_mode: str, apply_to: str, hit: CacheHit | None = None, model_2: Any = None,
                 boundary: float = WAN22_BOUNDARY) -> io.NodeOutput:
         node = "CHAI Sampler"
         with user_errors(node):
@@ -265,7 +265,7 @@ class CacheWrite(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, cache: Any, entities: Any, trace: Any) -> io.NodeOutput:
+    def execute(cls, cache: Any, entities: PromptEntities, trace: SampleTrace) -> io.NodeOutput:
         with user_errors("CHAI Cache Write"):
             try:
                 written = write_trace(cache, entities, trace)
