@@ -1,19 +1,100 @@
 """Between the cache and the CHAI payloads: a lookup that yields a CacheHit, a write that stores a full run's trace.
 
-`cache` is a `cache_store.service.ChaiCache` (used through its methods only, so this module imports nothing of
-cache_store), `entities` a `PromptEntities`, `trace` a `SampleTrace`.
+`cache` is anything shaped like `CacheLike` (in the pack a `cache_store.service.ChaiCache`; this module imports
+nothing of cache_store), `entities` a `PromptEntities`, `trace` a `SampleTrace`.
 """
 from __future__ import annotations
 
+import enum
 import time
-from typing import Any, Sequence
+from pathlib import Path
+from typing import Any, Mapping, NamedTuple, Protocol, Sequence
 
-from .donors import DonorSet
 from .constants import FAST, FULL
+from .donors import DonorSet
 from .payloads import CacheHit, PromptEntities, SampleTrace
 
 
-def resolve_threshold(cache: Any, entities: PromptEntities, threshold: float | None) -> float:
+class EmbedderLike(Protocol):
+    """What the glue reads of an embedder (cache_store.embedders.Embedder)."""
+
+    identity: str
+    default_threshold: float
+
+
+class StoreLike(Protocol):
+    """What the glue calls on a cache's store (either backend)."""
+
+    def entry(self, entry_id: int) -> Any | None:
+        """The entry, or None once it is gone."""
+
+    def touch(self, entry_id: int, count_hit: bool = True) -> None:
+        """Refresh an entry's recency."""
+
+
+class WrittenLike(Protocol):
+    """A cache write's outcome (cache_store.service.WriteResult)."""
+
+    stored: bool
+    reason: str
+
+
+class CacheLike(Protocol):
+    """What the CHAI glue needs from a cache (cache_store.service.ChaiCache): lookup, write, embed, the store."""
+
+    @property
+    def root(self) -> Path | str: ...
+
+    @property
+    def threshold(self) -> float: ...
+
+    @property
+    def embedder(self) -> Any: ...
+
+    @property
+    def store(self) -> StoreLike: ...
+
+    def embed_entities(self, entities: Sequence[Any], embedder: Any = None) -> Any:
+        """The entities embedded (EmbeddedEntities)."""
+
+    def lookup(self, entities: Any, fingerprint: str, shape: Sequence[int], threshold: float | None = None) -> Any:
+        """A LookupResult: hit (entry, matches, loaded latents) or miss (reason)."""
+
+    def write(self, prompt: str, entities: Any, fingerprint: str, latents: Mapping[str, Any],
+              sigmas: Sequence[float], shape: Sequence[int] | None = None,
+              meta: Mapping[str, Any] | None = None) -> WrittenLike:
+        """Insert a full run's donor latents."""
+
+
+class WriteOutcome(enum.Enum):
+    """What `write_trace` did with a run's trace."""
+
+    STORED = "stored"  # a full run's donors became a new entry
+    NOT_STORED = "not stored"  # a full run whose donors were incomplete, or that the cache refused
+    REFRESHED = "refreshed"  # a fast run: its donor's recency was refreshed
+    DONOR_EVICTED = "donor evicted"  # a fast run whose donor entry is gone
+    OTHER_CACHE = "other cache"  # a fast run whose donor came from another cache
+    NO_DONOR = "no donor"  # a fast run without a donor entry
+
+    @property
+    def fast(self) -> bool:
+        """The trace was a fast run (which never stores)."""
+        return self not in (WriteOutcome.STORED, WriteOutcome.NOT_STORED)
+
+
+class WriteReport(NamedTuple):
+    """`write_trace`'s result: the outcome and the report line."""
+
+    outcome: WriteOutcome
+    line: str
+
+    @property
+    def stored(self) -> bool:
+        """A new entry was stored."""
+        return self.outcome is WriteOutcome.STORED
+
+
+def resolve_threshold(cache: CacheLike, entities: PromptEntities, threshold: float | None) -> float:
     """The similarity threshold: the given one when > 0, else the calibrated default of the embedder in use."""
     if threshold is not None and threshold > 0:
         return float(threshold)
@@ -22,7 +103,7 @@ def resolve_threshold(cache: Any, entities: PromptEntities, threshold: float | N
     return float(entities.embedder.default_threshold)
 
 
-def threshold_source(cache: Any, entities: PromptEntities, threshold: float | None) -> str:
+def threshold_source(cache: CacheLike, entities: PromptEntities, threshold: float | None) -> str:
     """Where the threshold in use comes from, in words for the lookup report (0 on the node means auto)."""
     if threshold is not None and threshold > 0:
         return "set on the node"
@@ -34,7 +115,7 @@ def threshold_source(cache: Any, entities: PromptEntities, threshold: float | No
     return "auto (0 on the node): the embedder's calibrated value"
 
 
-def lookup_hit(cache: Any, entities: PromptEntities, fingerprint: str, shape: Sequence[int],
+def lookup_hit(cache: CacheLike, entities: PromptEntities, fingerprint: str, shape: Sequence[int],
                threshold: float | None = None) -> CacheHit:
     """Look the prompt's entities up for this model fingerprint and latent shape; a hit carries CPU donors."""
     t0 = time.perf_counter()
@@ -62,33 +143,35 @@ def lookup_hit(cache: Any, entities: PromptEntities, fingerprint: str, shape: Se
     return CacheHit(True, result.reason, result.report(), donors=donors, **base, **found)
 
 
-def write_trace(cache: Any, entities: PromptEntities, trace: SampleTrace) -> tuple[bool, str]:
-    """Store a full run's donors under the prompt's entities; a fast run only refreshes its donor's recency.
-
-    Returns (stored, report line).
-    """
+def write_trace(cache: CacheLike, entities: PromptEntities, trace: SampleTrace) -> WriteReport:
+    """Store a full run's donors under the prompt's entities; a fast run only refreshes its donor's recency."""
     if trace.mode == FAST:
         if trace.donor_entry is None:
-            return False, "fast run without a donor entry: nothing to do"
+            return WriteReport(WriteOutcome.NO_DONOR, "fast run without a donor entry: nothing to do")
         if trace.donor_cache is not None and str(trace.donor_cache) != str(cache.root):
-            return False, (f"fast run: its donor came from another cache ({trace.donor_cache}); nothing stored, "
-                           "no recency refreshed")
+            return WriteReport(WriteOutcome.OTHER_CACHE, f"fast run: its donor came from another cache "
+                               f"({trace.donor_cache}); nothing stored, no recency refreshed")
         store = cache.store
-        manifest = getattr(store, "manifest", None)
-        if manifest is not None and manifest.entry(trace.donor_entry) is None:
-            return False, f"fast run: donor entry {trace.donor_entry} has been evicted since; nothing stored"
+        if store.entry(trace.donor_entry) is None:  # both backends: a touch of a gone entry updates no row
+            return WriteReport(WriteOutcome.DONOR_EVICTED, f"fast run: donor entry {trace.donor_entry} has been "
+                               "evicted since; nothing stored")
         store.touch(trace.donor_entry, count_hit=False)
-        return False, (f"fast run: nothing stored (only full runs are); refreshed the recency of donor entry "
-                       f"{trace.donor_entry}")
+        return WriteReport(WriteOutcome.REFRESHED, f"fast run: nothing stored (only full runs are); refreshed the "
+                           f"recency of donor entry {trace.donor_entry}")
     if trace.mode != FULL:
         raise ValueError(f"unknown CHAI trace mode {trace.mode!r}")
     if trace.donors is None:
-        return False, f"not stored: {trace.capture_problem or 'the run captured no donor latents'}"
+        return WriteReport(WriteOutcome.NOT_STORED,
+                           f"not stored: {trace.capture_problem or 'the run captured no donor latents'}")
     embedded = entities.embedded(cache)
     tensors, sigmas = trace.donors.to_entry()
     written = cache.write(entities.prompt, embedded, trace.fingerprint, tensors, sigmas, shape=trace.shape,
                           meta=trace.meta())
     if not written.stored:
-        return False, f"not stored: {written.reason}"
+        return WriteReport(WriteOutcome.NOT_STORED, f"not stored: {written.reason}")
     sig = ", ".join(f"{s:.4f}" for s in sigmas)
-    return True, f"{written.reason}; entities [{entities.listing()}]; donor sigmas {sig}"
+    return WriteReport(WriteOutcome.STORED, f"{written.reason}; entities [{entities.listing()}]; donor sigmas {sig}")
+
+
+__all__ = ["CacheLike", "StoreLike", "EmbedderLike", "WrittenLike", "WriteOutcome", "WriteReport",
+           "resolve_threshold", "threshold_source", "lookup_hit", "write_trace"]

@@ -78,11 +78,6 @@ class ChaiConfig:
         _choice("apply_to", self.apply_to, APPLY_TO)
         _choice("donor_mapping", self.donor_mapping, DONOR_MAPPINGS)
 
-    @property
-    def cache_indices(self) -> tuple[int, ...]:
-        """The cache steps as 0-based step indices of the fast schedule."""
-        return tuple(s - 1 for s in self.cache_steps)
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the fields."""
         out = asdict(self)

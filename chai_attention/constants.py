@@ -9,9 +9,12 @@ CAPTURE_KEY = "chai_capture"  # APPLY_MODEL wrapper key of a miss's donor captur
 KV_MODES: tuple[str, ...] = ("replace", "concat")
 APPLY_TO: tuple[str, ...] = ("cond", "both")
 DONOR_MAPPINGS: tuple[str, ...] = ("matched_sigma", "same_index", "final_clean")
-# Fast steps (from 1) where Cache Attention runs by default. The paper's 2,3,4 made every hit measurably worse than
-# plain sampling at the same step count in the quality lab; 5,6 neither helped nor hurt (docs/quality-lab.md).
+# Fast steps (from 1) where Cache Attention runs by default; chosen in the pack's quality lab, whose measurements
+# (against the paper's 2,3,4) are in docs/quality-lab.md.
 DEFAULT_CACHE_STEPS: tuple[int, ...] = (5, 6)
+
+# Wan 2.2 A14B text-to-video: the low-noise expert samples the steps below this sigma (image-to-video: 0.9).
+WAN22_BOUNDARY = 0.875
 
 # Flow models in this pack (STDiT3, Wan) take the timestep 1000 * sigma.
 TIMESTEP_SCALE = 1000.0

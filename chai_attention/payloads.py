@@ -28,6 +28,7 @@ class ChaiReport:
     donor_prompt: str | None = None
     donor_entry: int | None = None
     reason: str = ""  # the miss reason (or why a hit could not be used); "shared entities" on a hit
+    hit_unusable: bool = False  # the lookup hit, but the hit could not serve this run: it ran the full schedule
     cache_steps: tuple[int, ...] = ()
     fired_steps: tuple[int, ...] = ()
     attention: str = ""

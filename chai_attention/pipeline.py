@@ -20,8 +20,8 @@ from .adapters.base import get_adapter
 from .cache_io import lookup_hit, write_trace
 from .config import ChaiConfig
 from .donors import DonorCapture, DonorSet
-from .fingerprint import model_fingerprint
-from .flow import finish_fast, finish_full, plan_request, trace_for
+from .identity import model_fingerprint
+from .request import finish_fast, finish_full, plan_request, trace_for
 from .payloads import ChaiReport, PromptEntities
 from .run import BATCHED_CFG, COND, UNCOND, CacheAttentionRun
 from .steps import as_sigmas

@@ -1,13 +1,14 @@
 """One-line statuses for the CHAI nodes: what a user reads on the canvas after a run.
 
-Pure functions over the payloads (CacheHit, ChaiReport) and the write's outcome; the nodes send them to the
-node (ComfyUI's progress text) and put them first in the node's text output.
+Pure functions over the typed fields of the payloads (CacheHit, ChaiReport) and of the write's outcome (never
+over their prose); the nodes send them to the node (ComfyUI's progress text) and put them first in the node's text
+output.
 """
 from __future__ import annotations
 
-from typing import Any
-
+from .cache_io import WriteReport
 from .constants import FAST
+from .payloads import CacheHit, ChaiReport
 
 SEP = " · "
 MAX_LABEL = 40
@@ -18,12 +19,12 @@ def _short(text: str, limit: int = MAX_LABEL) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def same_prompt(hit: Any) -> bool:
+def same_prompt(hit: CacheHit) -> bool:
     """The hit's donor is an earlier run of this very prompt (the prompt was queued again)."""
     return bool(hit.hit and hit.donor_prompt is not None and hit.donor_prompt.strip() == hit.prompt.strip())
 
 
-def lookup_status(hit: Any) -> str:
+def lookup_status(hit: CacheHit) -> str:
     """'HIT sunny beach 1.00 · donor #3' or 'MISS · the cache is empty'."""
     if hit.hit:
         best = max(hit.matches, key=lambda m: m[2]) if hit.matches else None
@@ -35,7 +36,7 @@ def lookup_status(hit: Any) -> str:
     return SEP.join(["MISS", _short(hit.reason or "no match", 60)])
 
 
-def same_prompt_note(hit: Any) -> str:
+def same_prompt_note(hit: CacheHit) -> str:
     """The report's explanation when a prompt hits its own earlier entry (empty otherwise)."""
     if not same_prompt(hit):
         return ""
@@ -46,7 +47,7 @@ def same_prompt_note(hit: Any) -> str:
             "another fast video from the same donor, with a fixed seed nothing runs.")
 
 
-def sampler_status(report: Any) -> str:
+def sampler_status(report: ChaiReport) -> str:
     """'HIT sunny beach 1.00 · 8 steps · 0.34 s' or 'MISS · 30 steps · 1.20 s'."""
     seconds = report.timings.get("total", report.timings.get("sample"))
     if report.mode == FAST:
@@ -57,17 +58,17 @@ def sampler_status(report: Any) -> str:
     parts = [head, f"{report.steps} steps"]
     if seconds is not None:
         parts.append(f"{seconds:.2f} s")
-    if report.mode != FAST and report.reason and "could not be used" in report.reason:
+    if report.mode != FAST and report.hit_unusable:
         parts.append("hit unusable, ran in full")
     return SEP.join(parts)
 
 
-def write_status(stored: bool, line: str, entries: int) -> str:
-    """'MISS · stored · 3 entries' or 'HIT · nothing stored (fast run) · 3 entries'."""
-    if stored:
+def write_status(written: WriteReport, entries: int) -> str:
+    """'stored · 3 entries' or 'nothing stored (fast run) · 3 entries'."""
+    if written.stored:
         head = "stored"
-    elif line.startswith("fast run"):
+    elif written.outcome.fast:
         head = "nothing stored (fast run)"
     else:
-        head = _short(line, 60)
+        head = _short(written.line, 60)
     return SEP.join([head, f"{entries} entries"])

@@ -5,6 +5,8 @@ import logging
 from types import ModuleType
 from typing import Any, Callable
 
+from .paths import register_cache_folder, register_toy_weights_folder
+
 log = logging.getLogger(__name__)
 
 
@@ -52,8 +54,6 @@ _NODE_MODULES: tuple[Callable[[], ModuleType], ...] = (
 
 def node_list() -> list[type]:
     """Import the node modules, register the `chai_cache` and toy-weights folders and return every node class."""
-    from .paths import register_cache_folder, register_toy_weights_folder
-
     register_cache_folder()
     register_toy_weights_folder()
     classes: list[type] = []

@@ -3,7 +3,7 @@ SamplerCustomAdvanced with CFGGuider / DualCFGGuider, the Wan 2.2 two-sampler gr
 
 CHAI Apply patches a MODEL clone for one request (Cache Attention on a usable hit, donor capture on a miss) and
 gives the schedule to sample as SIGMAS and as a step count; CHAI Apply Trace, placed after the sampler, turns what
-happened into the CHAI_TRACE that CHAI Cache Write stores. The work is in chai_attention.comfy_apply.
+happened into the CHAI_TRACE that CHAI Cache Write stores. The work is in chai_attention.comfy.apply.
 """
 from __future__ import annotations
 
@@ -12,15 +12,18 @@ from typing import Any
 
 from comfy_api.latest import io
 
+from ..chai_attention.adapters import supported_families
+from ..chai_attention.comfy.apply import AppliedRun, chai_apply
+from ..chai_attention.constants import WAN22_BOUNDARY
+from ..chai_attention.payloads import CacheHit
+from ..chai_attention.status import sampler_status
 from .canvas import show
-from .chai_nodes import (CATEGORY, CHAI_TRACE, SAMPLERS, SCHEDULERS, WAN22_BOUNDARY, chai_plan_inputs,
-                         schedule_inputs, validate_steps)
 from .errors import user_errors
+from .schedule_inputs import SAMPLERS, SCHEDULERS, chai_plan_inputs, schedule_inputs, validate_steps
+from .sockets import CATEGORY, CHAI_APPLIED, CHAI_TRACE
 from .widgets import combo
 
 log = logging.getLogger(__name__)
-
-CHAI_APPLIED = io.Custom("CHAI_APPLIED")
 
 
 class Apply(io.ComfyNode):
@@ -39,9 +42,9 @@ class Apply(io.ComfyNode):
                         "(SamplerCustomAdvanced) or its steps (KSampler / KSamplerAdvanced, same sampler and "
                         "scheduler as here); put CHAI Apply Trace after the sampler, then CHAI Cache Write.",
             inputs=[
-                io.Model.Input("model", tooltip="The video model the sampler uses (OpenSora 1.2 STDiT3, Wan 2.1/"
-                                                "2.2, HunyuanVideo or LTX-Video; for Wan 2.2 A14B the high-noise "
-                                                "expert). Same MODEL as the lookup's."),
+                io.Model.Input("model", tooltip=f"The video model the sampler uses, of a supported family "
+                                                f"({'; '.join(supported_families())}); for Wan 2.2 A14B the "
+                                                "high-noise expert. Same MODEL as the lookup's."),
                 io.Latent.Input("latent", tooltip="The latent the sampler starts from (same as the lookup's)."),
                 combo("sampler_name", options=SAMPLERS, default="euler",
                       tooltip="The sampler your sampler node uses (KSamplerSelect or KSampler's): the schedule "
@@ -79,31 +82,22 @@ class Apply(io.ComfyNode):
 
     @classmethod
     def execute(cls, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,
-                cache_steps: str, kv_mode: str, apply_to: str, hit: Any = None, model_2: Any = None,
+                cache_steps: str, kv_mode: str, apply_to: str, hit: CacheHit | None = None, model_2: Any = None,
                 boundary: float = WAN22_BOUNDARY, positive: Any = None) -> io.NodeOutput:
         node = "CHAI Apply"
         with user_errors(node):
-            from ..chai_attention.comfy_apply import chai_apply
-            from ..chai_attention.comfy_glue import request_fingerprint
-            from ..chai_attention.conditioning import conditioning_digest
-
-            config, schedule = chai_plan_inputs(node, model, latent, sampler_name, scheduler, full_steps, fast_steps,
+            config, schedule = chai_plan_inputs(model, latent, sampler_name, scheduler, full_steps, fast_steps,
                                                 cache_steps, kv_mode, apply_to)
-            if model_2 is not None:
-                from ..chai_attention.adapters import get_adapter
-
-                get_adapter(model_2)  # an unsupported second expert is refused here too
-            fingerprint = request_fingerprint(model, model_2, conditioning_digest(positive, latent))
             patched, applied = chai_apply(model, latent, config=config, schedule=schedule, sampler_name=sampler_name,
-                                          scheduler=scheduler, hit=hit, fingerprint=fingerprint, boundary=boundary,
-                                          two_experts=model_2 is not None, conditionings=(positive,))
+                                          scheduler=scheduler, hit=hit, model_2=model_2, positive=positive,
+                                          boundary=boundary)
         report = apply_report(applied)
         status = f"{'HIT' if applied.plan.run is not None else 'MISS'} · {applied.steps} steps"
         return io.NodeOutput(patched, applied.sigmas(), applied.steps, applied.switch_step, applied, report,
                              ui=show(status, report))
 
 
-def apply_report(applied: Any) -> str:
+def apply_report(applied: AppliedRun) -> str:
     """CHAI Apply's report: what the sampler will run and why."""
     report = applied.plan.report
     lines = [f"CHAI Apply: {report.mode} ({'hit' if applied.plan.run is not None else 'miss'}), "
@@ -142,11 +136,9 @@ class ApplyTrace(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, chai: Any, samples: dict) -> io.NodeOutput:
+    def execute(cls, chai: AppliedRun, samples: dict) -> io.NodeOutput:
         with user_errors("CHAI Apply Trace"):
             trace = chai.trace(samples.get("samples"))
-        from ..chai_attention.status import sampler_status
-
         report = trace.report.text()
         return io.NodeOutput(trace, report, ui=show(sampler_status(trace.report), report))
 

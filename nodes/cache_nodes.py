@@ -7,14 +7,16 @@ from typing import Any
 
 from comfy_api.latest import io
 
+from ..cache_store import CacheUnavailableError, budget_from_gb
+from ..cache_store.naming import validate_cache_name
+from ..cache_store.service import open_cache
+from .canvas import executing_node_id, show
 from .errors import ChaiNodeError, user_errors
 from .paths import cache_root
+from .sockets import CATEGORY, CHAI_CACHE
 from .widgets import combo
 
 log = logging.getLogger(__name__)
-
-CATEGORY = "CHAI"
-CHAI_CACHE = io.Custom("CHAI_CACHE")
 
 POLICIES = ["lru", "lfu"]
 EMBEDDERS = ["minilm"]
@@ -74,10 +76,6 @@ class CacheOpen(io.ComfyNode):
         if name is None:
             return True
         try:
-            from ..cache_store.naming import validate_cache_name
-        except ImportError:
-            return True  # execute reports the missing package with an install hint
-        try:
             validate_cache_name(name)
         except ValueError as exc:
             return str(exc)
@@ -93,29 +91,14 @@ class CacheOpen(io.ComfyNode):
         if embedder not in EMBEDDERS:
             raise ChaiNodeError(f"CHAI Cache: unknown embedder {embedder!r}; choose one of {', '.join(EMBEDDERS)}")
         with user_errors("CHAI Cache"):
-            from ..cache_store.config import budget_from_gb
-            from ..cache_store.service import open_cache
-
             root = cache_root()
             # The handle belongs to this node: re-running it (new budget) replaces only its own handle. The
             # budget widget is an explicit setting: opening stores it as the cache's budget (logged if changed).
             cache = open_cache(root, name, budget_bytes=budget_from_gb(budget_gb), policy=policy,
                                embedder=embedder, owner=f"CHAI_CacheOpen:{executing_node_id()}", server=server)
         log.info("[CHAI] cache %r open at %s (budget %.2f GB, %s)", name, cache.root, budget_gb, policy)
-        from .canvas import show
-
         shared = f" · shared on {cache.server.label}" if cache.server is not None else ""
         return io.NodeOutput(cache, ui=show(f"cache '{name}' open · budget {budget_gb:g} GB · {policy}{shared}"))
-
-
-def executing_node_id() -> str:
-    """The id of the node ComfyUI is running (or fingerprinting) now; '?' outside an execution."""
-    try:
-        from comfy_execution.utils import get_executing_context
-    except ImportError:
-        return "?"
-    context = get_executing_context()
-    return str(context.node_id) if context is not None else "?"
 
 
 class CacheStats(io.ComfyNode):
@@ -163,11 +146,7 @@ class CacheStats(io.ComfyNode):
         if action not in ACTIONS:
             raise ChaiNodeError(f"CHAI Cache Stats: unknown action {action!r}; choose one of "
                                 f"{', '.join(ACTIONS)}")
-        from .canvas import show
-
         with user_errors("CHAI Cache Stats"):
-            from ..cache_store.errors import CacheUnavailableError
-
             store = cache.store
             lines = []
             try:

@@ -13,10 +13,18 @@ from comfy_api.latest import ui
 log = logging.getLogger(__name__)
 
 
+def executing_node_id() -> str:
+    """The id of the node ComfyUI is running (or fingerprinting) now; '?' outside an execution."""
+    try:
+        from comfy_execution.utils import get_executing_context
+    except ImportError:
+        return "?"
+    context = get_executing_context()
+    return str(context.node_id) if context is not None else "?"
+
+
 def send_status(status: str) -> bool:
     """Show `status` on the running node (ComfyUI's progress text); False when there is no server to tell."""
-    from .cache_nodes import executing_node_id
-
     node_id = executing_node_id()
     try:
         from server import PromptServer

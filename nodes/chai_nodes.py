@@ -1,111 +1,59 @@
 """The CHAI request nodes: entity extraction, cache lookup, the CHAI sampler, cache write, and a prompt list.
 
-Data between them (CHAI_ENTITIES, CHAI_HIT, CHAI_TRACE) is defined in chai_attention.payloads; the sampling
-itself lives in chai_attention.comfy_glue. Entities are embedded lazily by the lookup and write nodes with the
-cache's embedder, or with the workflow's text encoder when a CLIP is connected to the extract node (its
+Data between them (CHAI_ENTITIES, CHAI_HIT, CHAI_TRACE) is defined in chai_attention.payloads; the request itself
+lives in chai_attention.comfy (lookup, prepare, sample). Entities are embedded lazily by the lookup and write nodes
+with the cache's embedder, or with the workflow's text encoder when a CLIP is connected to the extract node (its
 identity names the encoder's weights, so one cache never mixes two embedders).
 """
 from __future__ import annotations
 
 import logging
 import threading
-import weakref
 from typing import Any
 
-import comfy.samplers
 from comfy_api.latest import io
 
-from ..chai_attention import constants
-from .cache_nodes import CHAI_CACHE
-from .canvas import show
+from ..cache_store import CacheUnavailableError, EmbedderMismatchError, EntryTooLargeError
+from ..cache_store.embedders.function import FunctionEmbedder
+from ..cache_store.entities import EntityExtractor
+from ..cache_store.service import note_lookup, reader_generation
+from ..chai_attention.adapters import supported_families
+from ..chai_attention.cache_io import CacheLike, WriteOutcome, WriteReport, write_trace
+from ..chai_attention.comfy.lookup import chai_lookup
+from ..chai_attention.comfy.sample import chai_sample
+from ..chai_attention.comfy.text import TEXT_ENCODER_THRESHOLD, text_encoder_embedder
+from ..chai_attention.constants import WAN22_BOUNDARY
+from ..chai_attention.payloads import CacheHit, PromptEntities, SampleTrace
+from ..chai_attention.status import lookup_status, same_prompt_note, sampler_status, write_status
+from .canvas import executing_node_id, show
 from .errors import ChaiNodeError, user_errors
+from .schedule_inputs import SAMPLERS, SCHEDULERS, chai_plan_inputs, schedule_inputs, validate_steps
+from .sockets import CATEGORY, CHAI_CACHE, CHAI_ENTITIES, CHAI_HIT, CHAI_TRACE
 from .widgets import combo
 
 log = logging.getLogger(__name__)
 
-CATEGORY = "CHAI"
-CHAI_ENTITIES = io.Custom("CHAI_ENTITIES")
-CHAI_HIT = io.Custom("CHAI_HIT")
-CHAI_TRACE = io.Custom("CHAI_TRACE")
-
-OPENSORA_SCHEDULER = "opensora"
-SAMPLERS = list(comfy.samplers.KSampler.SAMPLERS)
-SCHEDULERS = [*comfy.samplers.KSampler.SCHEDULERS, OPENSORA_SCHEDULER]
-KV_MODES = list(constants.KV_MODES)
-APPLY_TO = list(constants.APPLY_TO)
-# Provisional threshold for the workflow's own text encoder (pooled or mean-pooled features). Unlike MiniLM's
-# 0.65 it is not calibrated: set the lookup's threshold explicitly after checking a few reports.
-TEXT_ENCODER_THRESHOLD = 0.85
-MAX_STEPS = 1000
-WAN22_BOUNDARY = 0.875  # Wan 2.2 A14B text-to-video switches experts below this sigma (image-to-video: 0.9)
-
 _EXTRACTOR: Any = None
 _EXTRACTOR_LOCK = threading.Lock()  # guards _EXTRACTOR only
-_TEXT_EMBEDDERS: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # CLIP -> its embedder
-_TEXT_EMBEDDERS_LOCK = threading.Lock()  # guards _TEXT_EMBEDDERS only
 
 
 def shared_extractor() -> Any:
-    """The process-wide spaCy entity extractor (loaded on first use)."""
+    """The process-wide spaCy entity extractor (spaCy loads on first use)."""
     global _EXTRACTOR
     with _EXTRACTOR_LOCK:
         if _EXTRACTOR is None:
-            from ..cache_store.entities import EntityExtractor
-
             _EXTRACTOR = EntityExtractor()
         return _EXTRACTOR
-
-
-def text_encoder_embedder(clip: Any) -> Any:
-    """A FunctionEmbedder over the workflow's CLIP (memoised per CLIP object)."""
-    with _TEXT_EMBEDDERS_LOCK:
-        found = _TEXT_EMBEDDERS.get(clip)
-    if found is not None:
-        return found
-    from ..cache_store.embedders.function import FunctionEmbedder
-    from ..chai_attention.comfy_glue import encode_phrases, text_encoder_name
-
-    dim = int(encode_phrases(clip, ["object"]).shape[-1])
-    embedder = FunctionEmbedder(text_encoder_name(clip), lambda phrases: encode_phrases(clip, phrases), dim,
-                                TEXT_ENCODER_THRESHOLD)
-    with _TEXT_EMBEDDERS_LOCK:
-        _TEXT_EMBEDDERS[clip] = embedder
-    return embedder
 
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms"
 
 
+def _families() -> str:
+    """The model families CHAI supports, for tooltips (from the adapter registry)."""
+    return "; ".join(supported_families())
 
-def schedule_inputs(boundary_note: str = "") -> list[Any]:
-    """The inputs CHAI Sampler and CHAI Apply share, in their saved-workflow order: steps, cache steps, K/V mode,
-    CFG half, the lookup's hit, and Wan 2.2 A14B's second expert with its boundary."""
-    return [
-        io.Int.Input("full_steps", default=30, min=1, max=MAX_STEPS,
-                     tooltip="Steps on a miss (the full schedule; 30 in the paper and in Wan's template)."),
-        io.Int.Input("fast_steps", default=8, min=1, max=MAX_STEPS,
-                     tooltip="Steps on a hit (the paper: 8, about 3.5x faster than 30)."),
-        io.String.Input("cache_steps", default=",".join(map(str, constants.DEFAULT_CACHE_STEPS)),
-                        tooltip="Steps of the fast schedule, counted from 1, at which Cache Attention runs. 5,6 "
-                                "(default): in the pack's quality lab they neither helped nor hurt; the paper's "
-                                "2,3,4 made hits measurably worse there. Empty = none (a plain fast run)."),
-        combo("kv_mode", options=KV_MODES, default="replace",
-              tooltip="'replace' (the paper): block 0 attends to the donor's keys/values only. 'concat': to its "
-                      "own and the donor's (keeps more of the new prompt)."),
-        combo("apply_to", options=APPLY_TO, default="cond",
-              tooltip="'cond' (default): only the prompt half of CFG attends to the donor; 'both': the negative "
-                      "half too."),
-        CHAI_HIT.Input("hit", optional=True,
-                       tooltip="The lookup result from CHAI Cache Lookup. Not connected, or a miss: the full "
-                               "schedule runs and the donors are captured."),
-        io.Model.Input("model_2", optional=True,
-                       tooltip="Wan 2.2 A14B: the low-noise expert, which samples the steps below 'boundary' "
-                               "(the second sampler's MODEL in a two-sampler graph). Connect it to the lookup too."),
-        io.Float.Input("boundary", default=WAN22_BOUNDARY, min=0.0, max=1.0, step=0.005, optional=True,
-                       tooltip="Wan 2.2 A14B: the sigma below which the low-noise expert samples (0.875 "
-                               "text-to-video, 0.9 image-to-video)" + boundary_note + "."),
-    ]
 
 class EntityExtract(io.ComfyNode):
     """Extract the entities (objects, scenes) of a prompt for the CHAI cache."""
@@ -142,10 +90,8 @@ class EntityExtract(io.ComfyNode):
     def execute(cls, prompt: str, clip: Any = None) -> io.NodeOutput:
         node = "CHAI Entity Extract"
         with user_errors(node):
-            from ..chai_attention.payloads import PromptEntities
-
             entities = tuple(shared_extractor().extract(prompt or ""))
-            embedder = text_encoder_embedder(clip) if clip is not None else None
+            embedder = text_encoder_embedder(clip, FunctionEmbedder) if clip is not None else None
             result = PromptEntities(prompt or "", entities, embedder)
         listing = result.listing()
         return io.NodeOutput(result, listing, ui=show(f"entities: {listing}"))
@@ -199,61 +145,27 @@ class CacheLookup(io.ComfyNode):
     def fingerprint_inputs(cls, threshold: float = 0.0, **kwargs: Any) -> Any:
         """Re-run when the cache this node read changed: ComfyUI passes only widget values here, so the node
         remembers (by its id) which cache it read; before its first run the fingerprint is a fresh NaN."""
-        from ..cache_store.service import reader_generation
-        from .cache_nodes import executing_node_id
-
         return threshold, reader_generation(f"CHAI_CacheLookup:{executing_node_id()}")
 
     @classmethod
-    def execute(cls, cache: Any, entities: Any, model: Any, latent: dict, threshold: float, model_2: Any = None,
-                positive: Any = None) -> io.NodeOutput:
+    def execute(cls, cache: CacheLike, entities: PromptEntities, model: Any, latent: dict, threshold: float,
+                model_2: Any = None, positive: Any = None) -> io.NodeOutput:
         node = "CHAI Cache Lookup"
         with user_errors(node):
-            from ..chai_attention.adapters import get_adapter
-            from ..chai_attention.cache_io import lookup_hit
-            from ..chai_attention.comfy_glue import latent_shape, request_fingerprint
-            from ..chai_attention.conditioning import conditioning_digest
-
-            from ..cache_store.service import note_lookup
-            from .cache_nodes import executing_node_id
-
-            get_adapter(model)  # an unsupported model is refused here, naming the supported ones
             note_lookup(f"CHAI_CacheLookup:{executing_node_id()}", cache)
-            fingerprint = request_fingerprint(model, model_2, conditioning_digest(positive, latent))
-            hit = lookup_hit(cache, entities, fingerprint, latent_shape(model, latent), threshold)
-        from ..chai_attention.status import lookup_status
-
+            hit = chai_lookup(cache, entities, model, latent, threshold, model_2=model_2, positive=positive)
         report = format_lookup(hit)
         log.info("[CHAI] lookup: %s", hit.report)
         return io.NodeOutput(hit, report, ui=show(lookup_status(hit), report))
 
 
-def validate_steps(cache_steps: str | None, fast_steps: int | None) -> bool | str:
-    """validate_inputs of the nodes with fast_steps and cache_steps: True, or what is wrong.
-
-    Combo inputs need no check here: ComfyUI validates them against their option lists. fast_steps is checked here
-    because ComfyUI skips the min/max check of every input a validate_inputs reads.
-    """
-    from ..chai_attention.config import check_cache_steps
-
-    if fast_steps is not None and not 1 <= fast_steps <= MAX_STEPS:
-        return f"fast_steps must be 1..{MAX_STEPS}, got {fast_steps}"
-    try:
-        check_cache_steps(cache_steps, MAX_STEPS if fast_steps is None else fast_steps)
-    except ValueError as exc:
-        return str(exc)
-    return True
-
-
-def format_lookup(hit: Any) -> str:
+def format_lookup(hit: CacheHit) -> str:
     """The lookup node's report."""
     lines = [f"CHAI lookup: {'HIT' if hit.hit else 'miss'}", f"entities: {', '.join(hit.entities) or '(none)'}",
              hit.report,
              f"threshold {hit.threshold:.2f}" + (f" ({hit.threshold_source})" if hit.threshold_source else ""),
              f"latent {list(hit.shape)}; model {hit.fingerprint}"]
     lines.append("time: " + ", ".join(f"{k} {_ms(v)}" for k, v in hit.timings.items()))
-    from ..chai_attention.status import same_prompt_note
-
     note = same_prompt_note(hit)
     if note:
         lines.append(note)
@@ -274,8 +186,8 @@ class Sampler(io.ComfyNode):
                         "first block's self-attention takes its keys and values from the donor's latents. The "
                         "MODEL itself is never changed.",
             inputs=[
-                io.Model.Input("model", tooltip="The video model (OpenSora 1.2 STDiT3, Wan 2.1/2.2, HunyuanVideo "
-                                                "or LTX-Video text-to-video); use the same MODEL for the lookup."),
+                io.Model.Input("model", tooltip=f"The video model, of a supported family ({_families()}); use "
+                                                "the same MODEL for the lookup."),
                 io.Conditioning.Input("positive", tooltip="The prompt's conditioning."),
                 io.Conditioning.Input("negative", tooltip="The negative conditioning (OpenSora: the null caption "
                                                           "from CHAI OpenSora Text Encode)."),
@@ -284,9 +196,9 @@ class Sampler(io.ComfyNode):
                              tooltip="Noise seed; the same seed and settings give the same video as KSampler on a "
                                      "miss."),
                 io.Float.Input("cfg", default=7.0, min=0.0, max=100.0, step=0.1, round=0.01,
-                               tooltip="Classifier-free guidance scale: OpenSora 1.2 uses 7.0, Wan 2.1 5-6, "
-                                       "LTX-Video 3; HunyuanVideo 1.0 (guidance-distilled: its guidance comes "
-                                       "from FluxGuidance)."),
+                               tooltip="Classifier-free guidance scale, as the model's own workflows set it (for "
+                                       "example OpenSora 1.2 7.0, Wan 2.1 5-6, LTX-Video 3; HunyuanVideo 1.0 is "
+                                       "guidance-distilled: its guidance comes from FluxGuidance)."),
                 combo("sampler_name", options=SAMPLERS, default="euler",
                                tooltip="Sampler. 'euler' (OpenSora's own) or 'uni_pc' (Wan's template) work best; "
                                        "two-evaluation samplers (heun, dpm_2) are supported, Cache Attention "
@@ -317,51 +229,17 @@ class Sampler(io.ComfyNode):
     @classmethod
     def execute(cls, model: Any, positive: Any, negative: Any, latent: dict, seed: int, cfg: float,
                 sampler_name: str, scheduler: str, full_steps: int, fast_steps: int, cache_steps: str,
-                kv_mode: str, apply_to: str, hit: Any = None, model_2: Any = None,
+                kv_mode: str, apply_to: str, hit: CacheHit | None = None, model_2: Any = None,
                 boundary: float = WAN22_BOUNDARY) -> io.NodeOutput:
         node = "CHAI Sampler"
         with user_errors(node):
-            from ..chai_attention.comfy_glue import chai_sample
-
-            config, schedule = chai_plan_inputs(node, model, latent, sampler_name, scheduler, full_steps, fast_steps,
+            config, schedule = chai_plan_inputs(model, latent, sampler_name, scheduler, full_steps, fast_steps,
                                                 cache_steps, kv_mode, apply_to)
             out, trace = chai_sample(model, positive, negative, latent, seed=seed, cfg=cfg,
                                      sampler_name=sampler_name, scheduler=scheduler, config=config,
                                      schedule=schedule, hit=hit, model_2=model_2, boundary=boundary)
-        from ..chai_attention.status import sampler_status
-
         report = (f"{trace.report.text()}\nsampler {sampler_name}, scheduler {scheduler}, cfg {cfg:g}, seed {seed}")
         return io.NodeOutput(out, trace, report, ui=show(sampler_status(trace.report), report))
-
-
-def chai_plan_inputs(node: str, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int,
-                     fast_steps: int, cache_steps: str, kv_mode: str, apply_to: str) -> tuple[Any, Any]:
-    """(ChaiConfig, steps -> sigmas) from the schedule inputs CHAI Sampler and CHAI Apply share."""
-    from ..chai_attention.comfy_glue import comfy_schedule
-    from ..chai_attention.config import ChaiConfig
-
-    config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=cache_steps, kv_mode=kv_mode,
-                        apply_to=apply_to)
-    if scheduler == OPENSORA_SCHEDULER:
-        return config, opensora_schedule(model, latent, node)
-    return config, comfy_schedule(model, sampler_name, scheduler)
-
-
-def opensora_schedule(model: Any, latent: dict, node: str) -> Any:
-    """steps -> the model's exact sigmas: OpenSora 1.2's for the latent's video, or a fixed-size checkpoint's."""
-    # A fixed-size checkpoint (the toy-world model) was trained on the uniform schedule with its own shift.
-    from ..opensora.comfy_adapter import video_from_latent_dict
-    from ..opensora.comfy_model import fixed_sampling, is_opensora
-    from ..opensora.schedule import opensora_sigmas, uniform_flow_sigmas
-
-    if not is_opensora(model):
-        raise ChaiNodeError(f"{node}: the 'opensora' scheduler is OpenSora 1.2's exact schedule and needs an "
-                            "OpenSora model; choose 'simple' (or another ComfyUI scheduler) for this model.")
-    fixed = fixed_sampling(model)
-    if fixed is not None:
-        return lambda steps: uniform_flow_sigmas(steps, fixed.shift)
-    video = video_from_latent_dict(latent)
-    return lambda steps: opensora_sigmas(steps, video.height, video.width, video.num_frames)
 
 
 class CacheWrite(io.ComfyNode):
@@ -387,18 +265,14 @@ class CacheWrite(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, cache: Any, entities: Any, trace: Any) -> io.NodeOutput:
+    def execute(cls, cache: Any, entities: PromptEntities, trace: SampleTrace) -> io.NodeOutput:
         with user_errors("CHAI Cache Write"):
-            from ..cache_store.errors import CacheUnavailableError, EmbedderMismatchError, EntryTooLargeError
-            from ..chai_attention.cache_io import write_trace
-
-            stored = False
             try:
-                stored, line = write_trace(cache, entities, trace)
+                written = write_trace(cache, entities, trace)
             except (EmbedderMismatchError, EntryTooLargeError, CacheUnavailableError) as exc:
                 # The video is fine; only this cache cannot take the entry (or its server is restarting). Say so
                 # instead of failing the run.
-                line = f"not stored: {exc}"
+                written = WriteReport(WriteOutcome.NOT_STORED, f"not stored: {exc}")
                 log.warning("[CHAI] cache write skipped: %s", exc)
             try:
                 stats = cache.store.stats()
@@ -406,12 +280,10 @@ class CacheWrite(io.ComfyNode):
                 stats = None
         size = (f"cache: {stats.entries} entries, {stats.bytes / 1e6:.2f} of {stats.budget_bytes / 1e6:.0f} MB"
                 if stats is not None else "cache: its server cannot be reached now")
-        report = f"CHAI cache write: {line}\n{size}"
-        log.info("[CHAI] write: %s", line)
-        from ..chai_attention.status import write_status
-
+        report = f"CHAI cache write: {written.line}\n{size}"
+        log.info("[CHAI] write: %s", written.line)
         entries = stats.entries if stats is not None else 0
-        return io.NodeOutput(report, ui=show(write_status(stored, line, entries), report))
+        return io.NodeOutput(report, ui=show(write_status(written, entries), report))
 
 
 class PromptList(io.ComfyNode):

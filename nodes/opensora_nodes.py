@@ -1,19 +1,26 @@
 """OpenSora 1.2 nodes: STDiT3 loader, T5 text encode with the null-caption negative, empty latent, exact scheduler.
 
-The OpenSora core (torch, einops, safetensors) is imported inside `execute`, so a missing package is reported
-by the node that needs it; the widget tables come from the dependency-free `opensora.choices`.
+The widget tables come from the dependency-free `opensora.choices`; the model code from `opensora` (its ComfyUI
+glue is `opensora.comfy_model`).
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+import torch
 from comfy_api.latest import io
 
+from ..opensora.captions import T5_EOS_ID, prepare_caption, truncate_tokens
 from ..opensora.choices import (ASPECT_CHOICES, DEFAULT_ASPECT, DEFAULT_FRAMES, DEFAULT_RESOLUTION,
                                 FRAME_CHOICES, MAX_FRAMES, MAX_SIDE, RESOLUTION_CHOICES, video_for_choices)
+from ..opensora.comfy_adapter import VIDEO_KEY, trim_padding, video_from_latent_dict, video_to_dict
+from ..opensora.comfy_model import is_opensora, load_opensora_model, null_caption, with_video
+from ..opensora.presets import VideoSpec
+from ..opensora.schedule import opensora_sigmas
 from .canvas import show
 from .errors import ChaiNodeError, user_errors
+from .paths import loader_model_files, loader_model_path
 from .widgets import combo
 
 log = logging.getLogger(__name__)
@@ -27,15 +34,11 @@ SIZE_TOOLTIP = ("Nominal pixel {what} of the video (OpenSora's size, e.g. 426 fo
 
 
 def _model_files() -> list[str]:
-    from .paths import loader_model_files
-
     return loader_model_files()
 
 
 def _require_opensora(model: Any, node: str) -> None:
     """Raise a clear error when MODEL is not an OpenSora STDiT3 from the CHAI loader."""
-    from ..opensora.comfy_model import is_opensora
-
     if not is_opensora(model):
         kind = type(getattr(model, "model", model)).__name__
         raise ChaiNodeError(f"{node}: the MODEL is a {kind}, not an OpenSora 1.2 STDiT3; load it with "
@@ -80,23 +83,17 @@ class OpenSoraModelLoader(io.ComfyNode):
                                 f"{', '.join(DTYPE_CHOICES)}")
         import folder_paths
 
-        from .paths import loader_model_path
-
         with user_errors(node):
             path = loader_model_path(model_name)
             if path is None:
                 raise ChaiNodeError(f"{node}: {model_name!r} is not in the diffusion_models folder "
                                     f"({', '.join(folder_paths.get_folder_paths('diffusion_models'))})")
-            from ..opensora.comfy_model import load_opensora_model
-
             model = load_opensora_model(path, weight_dtype)
         return io.NodeOutput(model)
 
 
 def truncate_t5_tokens(tokens: dict, max_tokens: int = MAX_T5_TOKENS) -> tuple[dict, int, int]:
     """Cut ComfyUI's T5 token batches to OpenSora's limit (max_tokens - 1 text tokens + </s>): (tokens, kept, total)."""
-    from ..opensora.captions import T5_EOS_ID, truncate_tokens
-
     batches = tokens[T5_KEY]
     flat = [tok for batch in batches for tok in batch]
     total = len(flat)
@@ -159,10 +156,6 @@ class OpenSoraTextEncode(io.ComfyNode):
             raise ChaiNodeError(f"{node}: no CLIP connected; load T5-XXL with 'Load CLIP' type 'pixart'.")
         with user_errors(node):
             _require_opensora(model, node)
-            from ..opensora.captions import prepare_caption
-            from ..opensora.comfy_adapter import trim_padding
-            from ..opensora.comfy_model import null_caption
-
             caption = prepare_caption(prompt, aesthetic_score if add_aesthetic_score else None, clean=clean_prompt)
             tokens = clip.tokenize(caption)
             if set(tokens) != {T5_KEY}:
@@ -243,11 +236,7 @@ class OpenSoraEmptyLatent(io.ComfyNode):
         with user_errors(node):
             video = video_for_choices(resolution, aspect_ratio, frames, custom_height, custom_width, custom_frames,
                                       fps)
-            import torch
-
             import comfy.model_management
-
-            from ..opensora.comfy_adapter import VIDEO_KEY, video_to_dict
 
             samples = torch.zeros(video.latent_shape(batch_size), device=comfy.model_management.intermediate_device())
         status = (f"{video.height}x{video.width} px, {video.num_frames} frames at {video.fps:g} fps -> latent "
@@ -260,9 +249,6 @@ class OpenSoraEmptyLatent(io.ComfyNode):
 
 def _video_input(latent: dict | None, height: int, width: int, num_frames: int, fps: float = 24.0) -> Any:
     """Nominal video from a LATENT (its record, or inferred from its shape) or, without one, from the widgets."""
-    from ..opensora.comfy_adapter import video_from_latent_dict
-    from ..opensora.presets import VideoSpec
-
     if latent is not None:
         return video_from_latent_dict(latent)
     return VideoSpec(int(height), int(width), int(num_frames), float(fps))
@@ -317,10 +303,6 @@ class OpenSoraScheduler(io.ComfyNode):
     def execute(cls, steps: int, height: int, width: int, num_frames: int, bf16_shift: bool, denoise: float,
                 latent: dict | None = None) -> io.NodeOutput:
         with user_errors("CHAI OpenSora Scheduler"):
-            import torch
-
-            from ..opensora.schedule import opensora_sigmas
-
             if denoise <= 0.0:
                 return io.NodeOutput(torch.FloatTensor([]))
             video = _video_input(latent, height, width, num_frames)
@@ -365,8 +347,6 @@ class OpenSoraModelSampling(io.ComfyNode):
         node = "CHAI OpenSora Model Sampling"
         with user_errors(node):
             _require_opensora(model, node)
-            from ..opensora.comfy_model import with_video
-
             video = _video_input(latent, height, width, num_frames, fps)
             patched = with_video(model, video, bf16_shift=bf16_shift)
         return io.NodeOutput(patched)

@@ -6,6 +6,9 @@ from typing import Any
 
 from comfy_api.latest import io
 
+from ..opensora.comfy_vae import (LATENT_INFO_KEY, OpenSoraComfyVAE, frames_for_latent, latent_info, load_opensora_vae,
+                                  make_latent_info)
+from ..opensora.vae import Tiling
 from .errors import ChaiNodeError, user_errors
 from .widgets import combo
 
@@ -26,8 +29,6 @@ def _vae_files() -> list[str]:
 
 def _require_opensora_vae(vae: Any, node: str) -> Any:
     """The VAE if it came from the OpenSora VAE loader, else a clear error."""
-    from ..opensora.comfy_vae import OpenSoraComfyVAE
-
     if not isinstance(vae, OpenSoraComfyVAE):
         raise ChaiNodeError(f"{node}: this VAE is not the OpenSora VAE v1.2; load OpenSora-VAE-v1.2 "
                             f"(model.safetensors) with the CHAI OpenSora VAE Loader node and connect that")
@@ -68,8 +69,6 @@ class OpenSoraVAELoader(io.ComfyNode):
                                 f"{', '.join(DTYPES)}")
         with user_errors("CHAI OpenSora VAE Loader"):
             import folder_paths
-
-            from ..opensora.comfy_vae import load_opensora_vae
 
             path = folder_paths.get_full_path_or_raise("vae", vae_name)
             vae = load_opensora_vae(path, temporal_dtype)
@@ -122,9 +121,6 @@ class OpenSoraVAEDecode(io.ComfyNode):
         node = "CHAI OpenSora VAE Decode"
         vae = _require_opensora_vae(vae, node)
         with user_errors(node):
-            from ..opensora.comfy_vae import frames_for_latent, latent_info
-            from ..opensora.vae import Tiling
-
             latent = samples["samples"]
             if getattr(latent, "is_nested", False):
                 latent = latent.unbind()[0]
@@ -181,8 +177,6 @@ class OpenSoraVAEEncode(io.ComfyNode):
             raise ChaiNodeError(f"{node}: unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         vae = _require_opensora_vae(vae, node)
         with user_errors(node):
-            from ..opensora.comfy_vae import LATENT_INFO_KEY, make_latent_info
-
             if pixels.ndim != 4 or pixels.shape[1] < 8 or pixels.shape[2] < 8:
                 raise ValueError(f"expected IMAGE frames [N, H, W, 3] of at least 8x8 pixels, got "
                                  f"{list(pixels.shape)}")

@@ -11,7 +11,10 @@ from typing import Any
 
 from comfy_api.latest import io
 
-from ..toyworld.comfy_adapter import DEFAULT_UPSCALE, MAX_BATCH, MAX_UPSCALE
+from ..opensora.comfy_model import is_opensora, null_caption
+from ..toyworld.comfy_adapter import (DEFAULT_UPSCALE, MAX_BATCH, MAX_UPSCALE, PLAYBACK_FPS, decode_frames,
+                                      empty_latent, prompt_conditioning)
+from ..toyworld.model import TEXT_DIM
 from .canvas import show
 from .errors import ChaiNodeError, user_errors
 
@@ -22,8 +25,6 @@ CATEGORY = "CHAI/Toy World"
 
 def _require_toy_text(model: Any, node: str, dim: int) -> None:
     """Raise a clear error unless MODEL is an STDiT3 that reads `dim`-wide captions (the toy model)."""
-    from ..opensora.comfy_model import is_opensora
-
     if not is_opensora(model):
         kind = type(getattr(model, "model", model)).__name__
         raise ChaiNodeError(f"{node}: the MODEL is a {kind}; load toyworld_stdit3.safetensors with "
@@ -69,10 +70,6 @@ class ToyTextEncode(io.ComfyNode):
     def execute(cls, model: Any, prompt: str) -> io.NodeOutput:
         node = "CHAI Toy Text Encode"
         with user_errors(node):
-            from ..opensora.comfy_model import null_caption
-            from ..toyworld.comfy_adapter import prompt_conditioning
-            from ..toyworld.model import TEXT_DIM
-
             _require_toy_text(model, node, TEXT_DIM)
             caption = prompt_conditioning(prompt)
             status = f"{caption.used_words} words encoded"
@@ -108,8 +105,6 @@ class ToyEmptyLatent(io.ComfyNode):
     def execute(cls, batch_size: int) -> io.NodeOutput:
         with user_errors("CHAI Toy Empty Latent"):
             import comfy.model_management
-
-            from ..toyworld.comfy_adapter import empty_latent
 
             samples = empty_latent(int(batch_size), device=comfy.model_management.intermediate_device())
         return io.NodeOutput({"samples": samples})
@@ -147,8 +142,6 @@ class ToyDecode(io.ComfyNode):
     @classmethod
     def execute(cls, samples: dict, upscale: int) -> io.NodeOutput:
         with user_errors("CHAI Toy Decode"):
-            from ..toyworld.comfy_adapter import PLAYBACK_FPS, decode_frames
-
             images = decode_frames(samples["samples"], int(upscale))
         return io.NodeOutput(images, PLAYBACK_FPS)
 

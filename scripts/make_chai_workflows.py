@@ -22,6 +22,7 @@ sys.path.insert(0, str(REPO))
 from workflow_api import WIDGET_TYPES, ui_to_api  # noqa: E402
 
 from comfyui_chai.chai_attention.config import ChaiConfig  # noqa: E402
+from comfyui_chai.chai_attention.constants import WAN22_BOUNDARY  # noqa: E402
 from comfyui_chai.toyworld.model import DEFAULT_CFG as TOY_CFG  # noqa: E402
 
 PACK_CACHE_STEPS = ",".join(map(str, ChaiConfig().cache_steps))  # the CHAI Sampler / CHAI Apply default
@@ -191,7 +192,8 @@ def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], n
     ents = g.node("CHAI_EntityExtract", (a, 380), [""], size=(320, 240))
     g.link(prompt, 0, ents, "prompt")
     sampler_id = g.node("CHAI_Sampler", (b, 460 if with_lookup else 40),
-                        [42, "randomize", cfg, sampler, scheduler, 30, 8, PACK_CACHE_STEPS, "replace", "cond", 0.875],
+                        [42, "randomize", cfg, sampler, scheduler, 30, 8, PACK_CACHE_STEPS, "replace", "cond",
+                         WAN22_BOUNDARY],
                         size=(380, 700))
     for name, (src, slot) in (("model", (model, 0)), ("positive", positive), ("negative", negative),
                               ("latent", (latent, 0))):
@@ -330,8 +332,8 @@ def apply_nodes(g: UIGraph, model: int, latent: int, prompt: int, *, cache_name:
     lookup = g.node("CHAI_CacheLookup", (x, 380), [0.0], size=(300, 200))
     for name, src in (("cache", cache), ("entities", ents), ("model", model), ("latent", latent)):
         g.link(src, 0, lookup, name)
-    apply = g.node("CHAI_Apply", (x + 340, 40), [sampler, "simple", 30, 8, cache_steps, "replace", "cond", 0.875],
-                   size=(340, 420))
+    apply = g.node("CHAI_Apply", (x + 340, 40),
+                   [sampler, "simple", 30, 8, cache_steps, "replace", "cond", WAN22_BOUNDARY], size=(340, 420))
     g.link(model, 0, apply, "model")
     g.link(latent, 0, apply, "latent")
     g.link(lookup, 0, apply, "hit")

@@ -11,7 +11,7 @@ from comfyui_chai.chai_attention.adapters import UnsupportedModelError, get_adap
 from comfyui_chai.chai_attention.adapters.stdit3 import STDiT3Adapter
 from comfyui_chai.chai_attention.config import ChaiConfig, parse_cache_steps
 from comfyui_chai.chai_attention.donors import Donor, DonorCapture, DonorSet
-from comfyui_chai.chai_attention.fingerprint import model_fingerprint
+from comfyui_chai.chai_attention.identity import model_fingerprint
 from comfyui_chai.chai_attention.kv import cache_attention, chunk_row_mask, combine_kv
 from comfyui_chai.chai_attention.pipeline import PatchedModel
 from comfyui_chai.chai_attention.run import COND, UNCOND, CacheAttentionRun
@@ -64,7 +64,6 @@ def test_config_defaults_are_the_papers_but_for_the_lab_measured_cache_steps():
     c = ChaiConfig()
     assert (c.full_steps, c.fast_steps, c.cache_steps) == (30, 8, (5, 6))
     assert (c.kv_mode, c.apply_to, c.donor_mapping) == ("replace", "cond", "matched_sigma")
-    assert c.cache_indices == (4, 5)
     assert ChaiConfig.from_dict(c.to_dict()) == c
 
 

@@ -13,8 +13,11 @@ import torch
 from comfyui_chai.cache_store.embedders.function import FunctionEmbedder
 from comfyui_chai.cache_store.entities import Entity
 from comfyui_chai.cache_store.service import ChaiCache, close_all, open_cache, store_generations
-from comfyui_chai.chai_attention.cache_io import lookup_hit, resolve_threshold, threshold_source, write_trace
-from comfyui_chai.chai_attention.comfy_glue import (ModelInputCapture, SharedRun, original_weights_digest, patches_digest)
+from comfyui_chai.chai_attention.cache_io import (WriteOutcome, lookup_hit, resolve_threshold, threshold_source,
+                                                  write_trace)
+from comfyui_chai.chai_attention.comfy.capture import ModelInputCapture
+from comfyui_chai.chai_attention.comfy.prepare import SharedRun
+from comfyui_chai.chai_attention.identity import conditioning_digest, original_weights_digest, patches_digest
 from comfyui_chai.chai_attention.config import ChaiConfig
 from comfyui_chai.chai_attention.donors import Donor, DonorSet
 from comfyui_chai.chai_attention.constants import FAST, FULL
@@ -102,8 +105,9 @@ def test_full_trace_is_stored_then_found_with_cpu_donors_and_a_report_naming_the
     ents = _entities("a red fox in snow", "red fox", "snow")
     miss = lookup_hit(cache, ents, "fp", SHAPE)
     assert not miss.hit and "empty" in miss.reason and miss.donors is None
-    stored, line = write_trace(cache, ents, _trace(donors=_donors()))
-    assert stored and line.startswith("stored entry ") and "red fox, snow" in line
+    written = write_trace(cache, ents, _trace(donors=_donors()))
+    assert written.stored and written.outcome is WriteOutcome.STORED
+    assert written.line.startswith("stored entry ") and "red fox, snow" in written.line
     entry = cache.store.entries()[0]
     assert entry.prompt == "a red fox in snow" and len(entry.sigmas) == 3
     hit = lookup_hit(cache, _entities("a red fox on grass", "red fox", "grass"), "fp", SHAPE)
@@ -126,22 +130,50 @@ def test_fast_trace_stores_nothing_and_refreshes_the_donor_without_counting_a_hi
     before = cache.store.entries()[0]
     generation = cache.store.generation
     fast = _trace(FAST, donor_entry=before.id, donor_cache=str(cache.root))
-    stored, line = write_trace(cache, _entities("a red fox on grass", "red fox"), fast)
+    written = write_trace(cache, _entities("a red fox on grass", "red fox"), fast)
     after = cache.store.entries()[0]
-    assert not stored and "nothing stored" in line and "refreshed" in line
+    assert written.outcome is WriteOutcome.REFRESHED and not written.stored
+    assert "nothing stored" in written.line and "refreshed" in written.line
     assert cache.store.stats().entries == 1 and cache.store.generation == generation
     assert after.last_used >= before.last_used and after.hits == before.hits
-    elsewhere = _trace(FAST, donor_entry=before.id, donor_cache="/some/other/cache")
-    assert "another cache" in write_trace(cache, ents, elsewhere)[1]
-    gone = _trace(FAST, donor_entry=before.id + 99, donor_cache=str(cache.root))
-    assert "evicted" in write_trace(cache, ents, gone)[1]
+    elsewhere = write_trace(cache, ents, _trace(FAST, donor_entry=before.id, donor_cache="/some/other/cache"))
+    assert elsewhere.outcome is WriteOutcome.OTHER_CACHE and "another cache" in elsewhere.line
+    no_donor = write_trace(cache, ents, _trace(FAST))
+    assert no_donor.outcome is WriteOutcome.NO_DONOR and no_donor.outcome.fast
+
+
+@pytest.fixture
+def backend_cache(opener):
+    """A ChaiCache on each store backend in turn (tests/store_backends.py; the server one skips without PostgreSQL)."""
+    if opener.kind == "folder":
+        c = ChaiCache(opener.tmp / "c", budget_bytes=10**8, embedder=_embedder())
+    else:
+        c = ChaiCache(opener.tmp / "index", budget_bytes=10**8, embedder=_embedder(), server=opener.server(),
+                      name=f"{opener.prefix}-c")
+    yield c
+    c.close()
+
+
+def test_a_fast_run_whose_donor_was_evicted_says_so_and_refreshes_nothing_on_either_backend(backend_cache):
+    cache = backend_cache
+    ents = _entities("a red fox in snow", "red fox")
+    write_trace(cache, ents, _trace(donors=_donors()))
+    donor = cache.store.entries()[0]
+    live = write_trace(cache, ents, _trace(FAST, donor_entry=donor.id, donor_cache=str(cache.root)))
+    assert live.outcome is WriteOutcome.REFRESHED and str(donor.id) in live.line
+    assert cache.store.clear() == 1 and cache.store.entry(donor.id) is None  # evicted since the run
+    gone = write_trace(cache, ents, _trace(FAST, donor_entry=donor.id, donor_cache=str(cache.root)))
+    assert gone.outcome is WriteOutcome.DONOR_EVICTED and not gone.stored
+    assert "evicted" in gone.line and "refreshed" not in gone.line
+    assert cache.store.stats().entries == 0
 
 
 def test_full_trace_without_donors_or_entities_is_reported_not_stored(cache):
-    stored, line = write_trace(cache, _entities("a fox", "fox"), _trace(capture_problem="never evaluated"))
-    assert not stored and "never evaluated" in line
-    stored, line = write_trace(cache, _entities("nothing to see"), _trace(donors=_donors()))
-    assert not stored and line.startswith("not stored")
+    written = write_trace(cache, _entities("a fox", "fox"), _trace(capture_problem="never evaluated"))
+    assert written.outcome is WriteOutcome.NOT_STORED and "never evaluated" in written.line
+    written = write_trace(cache, _entities("nothing to see"), _trace(donors=_donors()))
+    assert written.outcome is WriteOutcome.NOT_STORED and not written.outcome.fast
+    assert written.line.startswith("not stored")
     assert cache.store.stats().entries == 0
 
 
@@ -264,8 +296,6 @@ def test_patches_digest_tells_strengths_and_patch_tensors_apart():
 
 
 def test_conditioning_digest_names_the_image_and_nothing_else():
-    from comfyui_chai.chai_attention.conditioning import conditioning_digest
-
     class VisionOutput:  # the shape of comfy.clip_vision.Output: tensors as attributes
         def __init__(self, seed: int) -> None:
             self.penultimate_hidden_states = torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(seed))

@@ -1,6 +1,7 @@
 """The one-line statuses the CHAI nodes show on the canvas (chai_attention.status)."""
 from __future__ import annotations
 
+from comfyui_chai.chai_attention.cache_io import WriteOutcome, WriteReport
 from comfyui_chai.chai_attention.constants import FAST, FULL
 from comfyui_chai.chai_attention.payloads import CacheHit, ChaiReport
 from comfyui_chai.chai_attention.status import (lookup_status, same_prompt, same_prompt_note, sampler_status,
@@ -33,12 +34,18 @@ def test_sampler_status_gives_mode_steps_and_time():
     assert sampler_status(fast) == "HIT sunny beach 0.91 · 8 steps · 0.34 s"
     full = ChaiReport("p", FULL, 30, timings={"sample": 1.5})
     assert sampler_status(full) == "MISS · 30 steps · 1.50 s"
-    unusable = ChaiReport("p", FULL, 30, reason="the cached entry could not be used (shape)")
+    unusable = ChaiReport("p", FULL, 30, reason="the entry is for another shape", hit_unusable=True)
     assert sampler_status(unusable) == "MISS · 30 steps · hit unusable, ran in full"
+    # The status reads the typed field, never the prose: a reason that merely says so changes nothing.
+    prose = ChaiReport("p", FULL, 30, reason="the cached entry could not be used (shape)")
+    assert sampler_status(prose) == "MISS · 30 steps"
 
 
 def test_write_status_says_whether_anything_was_stored():
-    assert write_status(True, "stored entry 4", 4) == "stored · 4 entries"
-    assert write_status(False, "fast run: nothing stored (only full runs are)", 4) == \
-        "nothing stored (fast run) · 4 entries"
-    assert write_status(False, "not stored: too large", 0).startswith("not stored: too large · 0 entries")
+    assert write_status(WriteReport(WriteOutcome.STORED, "stored entry 4"), 4) == "stored · 4 entries"
+    for fast in (WriteOutcome.REFRESHED, WriteOutcome.DONOR_EVICTED, WriteOutcome.OTHER_CACHE, WriteOutcome.NO_DONOR):
+        assert write_status(WriteReport(fast, "whatever the line says"), 4) == "nothing stored (fast run) · 4 entries"
+    refused = write_status(WriteReport(WriteOutcome.NOT_STORED, "not stored: too large"), 0)
+    assert refused == "not stored: too large · 0 entries"
+    # A full run's line that happens to start with "fast run" is still not a fast run.
+    assert write_status(WriteReport(WriteOutcome.NOT_STORED, "fast run? no"), 0) == "fast run? no · 0 entries"

@@ -459,6 +459,7 @@ def test_a_hit_for_another_latent_shape_is_a_miss_with_the_reason(comfy, env):
     trace = CAPTURED["sh1"]["trace"]
     assert trace.mode == "full" and trace.donors is not None
     assert "the cached entry could not be used" in trace.report.reason and "shape" in trace.report.reason
+    assert trace.report.hit_unusable
     assert "unusable" in CAPTURED["sh1:report"]["text"]
     # A lookup at the other size finds entries with the entity, but of another shape: a miss that says so.
     run_ok(comfy, chai_graph("t2-shape2", DOG_BEACH, key="sh2"))
@@ -504,11 +505,14 @@ def test_lora_weight_patch_on_block0_qkv_reaches_the_donor_keys_in_partial_loadi
     run_ok(comfy, chai_graph("t2-lora", DOG_BEACH, key="l0"))
     base = CAPTURED["l0"]["model"]
     donors = CAPTURED["l0"]["trace"].donors
-    glue = comfy.pack_module("chai_attention.comfy_glue")
+    schedule = comfy.pack_module("chai_attention.comfy.schedule")
+    prepare = comfy.pack_module("chai_attention.comfy.prepare")
+    identity = comfy.pack_module("chai_attention.identity")
+    run_key = comfy.pack_module("chai_attention.constants").RUN_KEY
     config = comfy.pack_module("chai_attention.config").ChaiConfig(cache_steps=(2, 3, 4))
     adapters = comfy.pack_module("chai_attention.adapters")
     sigmas = CAPTURED["l0"]["trace"].sigmas
-    fast = glue.comfy_schedule(base, "euler", "simple")(8)
+    fast = schedule.comfy_schedule(base, "euler", "simple")(8)
     cpu = torch.device("cpu")
     gen = torch.Generator().manual_seed(9)
     x, y = torch.randn(2, 4, 5, 8, 12, generator=gen), torch.randn(2, 6, CAPTION, generator=gen)
@@ -519,11 +523,11 @@ def test_lora_weight_patch_on_block0_qkv_reaches_the_donor_keys_in_partial_loadi
 
     def output(patcher, lowvram: int, donors_on: bool = True) -> torch.Tensor:
         m = patcher.clone()
-        run = glue.SharedRun(config, fast, donors)
-        adapters.get_adapter(m).comfy_install(m, run_key=glue.RUN_KEY)
+        run = prepare.SharedRun(config, fast, donors)
+        adapters.get_adapter(m).comfy_install(m, run_key=run_key)
         options = dict(m.model_options["transformer_options"])
         if donors_on:
-            options[glue.RUN_KEY] = run
+            options[run_key] = run
         options["cond_or_uncond"] = [0, 1]
         options["sigmas"] = sigma
         m.patch_model(device_to=cpu, lowvram_model_memory=lowvram, load_weights=True)
@@ -539,7 +543,7 @@ def test_lora_weight_patch_on_block0_qkv_reaches_the_donor_keys_in_partial_loadi
     lora.add_patches({key: ("diff", [torch.full_like(weight, 0.05)])}, 1.0)
     weaker = base.clone()
     weaker.add_patches({key: ("diff", [torch.full_like(weight, 0.05)])}, 0.5)
-    fingerprints = {glue.comfy_model_fingerprint(m) for m in (base, base.clone(), lora, weaker)}
+    fingerprints = {identity.comfy_model_fingerprint(m) for m in (base, base.clone(), lora, weaker)}
     assert len(fingerprints) == 3  # a LoRA-style patch and its strength make another model; a clone does not
     plain_full = output(base, 0)
     full = output(lora, 0)

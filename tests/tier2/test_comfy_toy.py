@@ -141,7 +141,7 @@ def test_loaded_toy_model_samples_with_its_own_shift_video_and_schedule(comfy, e
     adapter = comfy.pack_module("opensora.comfy_adapter")
     cm = comfy.pack_module("opensora.comfy_model")
     toy = comfy.pack_module("toyworld.model")
-    chai_nodes = comfy.pack_module("nodes.chai_nodes")
+    chai_schedule = comfy.pack_module("chai_attention.comfy.schedule")
     facts = json.loads(loading.read_checkpoint_header(env["path"])[1]["toyworld"])
     sampling = patcher.get_model_object("model_sampling")
     assert sampling.shift == facts["shift"] == toy.DEFAULT_SHIFT and sampling.multiplier == 1000
@@ -152,7 +152,7 @@ def test_loaded_toy_model_samples_with_its_own_shift_video_and_schedule(comfy, e
     assert (video.height, video.width, video.fps) == (spec.height, spec.width, spec.model_fps)
     assert cm.fixed_sampling(patcher) is video
     # CHAI Sampler's 'opensora' scheduler is the toy's exact schedule; KSampler's 'simple' matches it closely.
-    schedule = chai_nodes.opensora_schedule(patcher, {"samples": torch.zeros(spec.latent_shape(1))}, "test")
+    schedule = chai_schedule.opensora_schedule(patcher, {"samples": torch.zeros(spec.latent_shape(1))})
     for steps in (8, 30):
         assert torch.equal(schedule(steps), toy.toy_sigmas(steps))
     simple8 = comfy_samplers.calculate_sigmas(sampling, "simple", 8)

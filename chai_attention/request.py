@@ -1,9 +1,15 @@
-"""The one CHAI request flow, shared by the pure-torch pipeline and the ComfyUI sampler.
+"""The one CHAI request plan, shared by the pure-torch pipeline, CHAI Sampler and CHAI Apply (comfy/prepare.py).
 
 A lookup's `CacheHit` decides the run: a usable hit samples the fast schedule with a Cache Attention run, anything
 else (a miss, no lookup, a hit for another model or shape, donors the adapter refuses) the full schedule with a
-donor-capture plan. The same functions write the report before and after sampling, and `cache_io.write_trace`
-decides what a finished run stores.
+donor-capture plan. The same functions write the report before and after sampling (`plan_request`, then the host
+samples, then `finish_fast` / `finish_full` and `trace_for`), and `cache_io.write_trace` decides what a finished run
+stores.
+
+Where a reuse mode plugs in: a new way to serve a hit (for example restarting from the donor's latent at an
+intermediate sigma instead of sampling the fast schedule from noise) is a third branch of `plan_request`, decided
+from the hit and the config like FAST, with its own `RequestPlan.mode`; the hosts then sample `plan.schedule` as
+they do today.
 """
 from __future__ import annotations
 
@@ -75,7 +81,10 @@ def usable_run(hit: CacheHit | None, fingerprint: str, shape: Sequence[int], con
 def plan_request(hit: CacheHit | None, *, fingerprint: str, shape: Sequence[int], config: ChaiConfig,
                  adapter: Any, schedule: Schedule,
                  run_cls: type[CacheAttentionRun] = CacheAttentionRun) -> RequestPlan:
-    """Decide the run of one request: fast on a usable hit, else full (an unusable hit says why in the report)."""
+    """Decide the run of one request: fast on a usable hit, else full (an unusable hit says why in the report).
+
+    This is the one place a run's mode is chosen; a new reuse mode is one more branch here (see the module note).
+    """
     report = start_report(hit, config)
     fast_raw = schedule(config.fast_steps)
     fast = as_sigmas(fast_raw)
@@ -84,6 +93,7 @@ def plan_request(hit: CacheHit | None, *, fingerprint: str, shape: Sequence[int]
         report.mode, report.steps, report.cache_steps = FAST, config.fast_steps, config.cache_steps
         return RequestPlan(FAST, fast_raw, fast, report, run=run)
     if why is not None and hit is not None and hit.hit:
+        report.hit_unusable = True
         report.reason = f"the cached entry could not be used ({why}); sampling the full schedule"
         report.lookup += f" (unusable: {why})"
     full_raw = schedule(config.full_steps)

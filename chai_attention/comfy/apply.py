@@ -1,8 +1,9 @@
 """CHAI as a MODEL patch for any sampler node (CHAI Apply): Cache Attention on a hit, donor capture on a miss.
 
-`chai_apply` decides the request as CHAI Sampler does (`flow.plan_request`) and returns a ModelPatcher *clone*
-carrying it: on a usable hit the adapter's public hooks plus the run in transformer_options[RUN_KEY]; on a miss an
-APPLY_MODEL wrapper that keeps the model input at the planned sigmas of the full schedule. The sampler node samples
+`chai_apply` decides the request as CHAI Sampler does (`prepare.prepare`) and returns a ModelPatcher *clone*
+carrying it (`prepare.patch`): on a usable hit the adapter's public hooks plus the run in
+transformer_options[RUN_KEY]; on a miss an APPLY_MODEL wrapper that keeps the model input at the planned sigmas of
+the full schedule. The sampler node samples
 the schedule `chai_apply` returns (SIGMAS, or its step count for KSampler-style nodes); KSamplerAdvanced step
 ranges and two-expert graphs work because steps are matched by sigma. An OUTER_SAMPLE wrapper starts the record
 afresh whenever a sampling begins at the schedule's first sigma (a re-queued graph re-uses the patched MODEL) and
@@ -20,12 +21,13 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .adapters.base import get_adapter
-from .config import ChaiConfig
-from .constants import CAPTURE_KEY, RUN_KEY
-from .flow import RequestPlan, Schedule, finish_fast, finish_full, plan_request, trace_for
-from .payloads import CacheHit, SampleTrace
-from .steps import match_step
+from ..config import ChaiConfig
+from ..constants import WAN22_BOUNDARY
+from ..payloads import CacheHit, SampleTrace
+from ..request import RequestPlan, Schedule, finish_fast, finish_full, trace_for
+from ..steps import match_step
+from .capture import ModelInputCapture
+from .prepare import patch, prepare
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class AppliedRun:
     config: ChaiConfig
     sampler_name: str
     scheduler: str
-    capture: Any = None  # comfy_glue.ModelInputCapture on a miss
+    capture: ModelInputCapture | None = None  # on a miss
     switch_step: int = 0
     latent_in: Any = None  # the model's process_latent_in: a sampler's output LATENT -> the model-input space
     seconds: float = 0.0  # time inside the sampler nodes' sampling, summed
@@ -146,50 +148,37 @@ def check_before_switch(plan: RequestPlan, switch: int, boundary: float) -> None
         what = f"the donor capture (full-schedule steps {late})"
     if late:
         raise ValueError(f"{what} fall at sigmas below the experts' boundary {boundary:g} (after switch_step "
-                         f"{switch}), on the second expert, which CHAI Apply does not patch; choose earlier cache "
-                         "steps (the paper's 2,3,4 of 8 lie before Wan 2.2's switch; the pack's default 5,6 does not) "
-                         "or use CHAI Sampler with model_2")
+                         f"{switch}), on the second expert, which CHAI Apply does not patch; choose cache steps that "
+                         f"lie before the switch (docs/cache-attention.md, Wan 2.2 A14B) or use CHAI Sampler with "
+                         "model_2")
 
 
 def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, schedule: Schedule,
-               sampler_name: str, scheduler: str, hit: CacheHit | None = None, fingerprint: str | None = None,
-               boundary: float = 0.875, two_experts: bool = False,
-               conditionings: Sequence[Any] = ()) -> tuple[Any, AppliedRun]:
-    """(the patched MODEL clone, its AppliedRun). `fingerprint` defaults to the MODEL's own (comfy_glue).
+               sampler_name: str, scheduler: str, hit: CacheHit | None = None, model_2: Any = None,
+               positive: Sequence[Any] | None = None, boundary: float = WAN22_BOUNDARY) -> tuple[Any, AppliedRun]:
+    """(the patched MODEL clone, its AppliedRun).
 
-    conditionings: the CONDITIONING lists the sampler gets that CHAI Apply was given (its `positive`), for the
-    adapter's refusals before sampling (`ModelAdapter.check_request`).
+    positive: the CONDITIONING the sampler gets that CHAI Apply was given: its image (image-to-video) is part of
+    the request's key, and the adapter refuses what it cannot serve before sampling (`ModelAdapter.check_request`).
 
-    two_experts: `model` is the high-noise expert of a pair that switches below sigma `boundary` (Wan 2.2 A14B)
-    and only it is patched, so every cache step (hit) or captured step (miss) must lie before the switch.
+    model_2: `model` is the high-noise expert of a pair that switches below sigma `boundary` (Wan 2.2 A14B); only
+    `model` is patched, so every cache step (hit) or captured step (miss) must lie before the switch.
     """
     import comfy.patcher_extension
 
-    from .comfy_glue import ModelInputCapture, SharedRun, check_sampler_name, comfy_model_fingerprint, latent_shape
-
-    check_sampler_name(sampler_name)
-    adapter = get_adapter(model)  # an unsupported model fails here, naming the supported ones
-    adapter.check_request(latent, conditionings)  # and a request it refuses (image-to-video on a T2V adapter)
-    fingerprint = fingerprint or comfy_model_fingerprint(model)
-    shape = latent_shape(model, latent)
-    plan = plan_request(hit, fingerprint=fingerprint, shape=shape, config=config, adapter=adapter,
-                        schedule=schedule, run_cls=SharedRun)
+    prepared = prepare(model, latent, hit, config=config, schedule=schedule, sampler_name=sampler_name,
+                       model_2=model_2, positive=positive, conditionings=(positive,))
+    plan = prepared.plan
     clone = model.clone()
-    capture = None
-    if plan.run is not None:
-        adapter.comfy_install(clone, run_key=RUN_KEY)
-        clone.model_options.setdefault("transformer_options", {})[RUN_KEY] = plan.run
-    else:
-        capture = ModelInputCapture(plan.capture, plan.sigmas, shape, getattr(adapter, "check_call", None))
-        clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY, capture)
+    patch(clone, prepared)
     switch = switch_step(plan.sigmas, boundary)
-    if two_experts:
+    if model_2 is not None:
         check_before_switch(plan, switch, boundary)
-    applied = AppliedRun(plan, hit, fingerprint, tuple(shape), config, sampler_name, scheduler, capture, switch,
-                         model.model.process_latent_in)
+    applied = AppliedRun(plan, hit, prepared.fingerprint, prepared.shape, config, sampler_name, scheduler,
+                         prepared.capture, switch, model.model.process_latent_in)
     clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, MONITOR_KEY, SamplingMonitor(applied))
     log.info("[CHAI] apply: %s, %d steps", plan.mode, applied.steps)
     return clone, applied
 
 
-__all__ = ["AppliedRun", "SamplingMonitor", "switch_step", "chai_apply", "MONITOR_KEY"]
+__all__ = ["AppliedRun", "SamplingMonitor", "switch_step", "check_before_switch", "chai_apply", "MONITOR_KEY"]

@@ -1,0 +1,74 @@
+"""The inputs CHAI Sampler and CHAI Apply share (in their saved-workflow order) and what they make of them."""
+from __future__ import annotations
+
+from typing import Any
+
+import comfy.samplers
+from comfy_api.latest import io
+
+from ..chai_attention import constants
+from ..chai_attention.comfy.schedule import OPENSORA_SCHEDULER, node_schedule
+from ..chai_attention.config import ChaiConfig, check_cache_steps
+from ..chai_attention.request import Schedule
+from .sockets import CHAI_HIT
+from .widgets import combo
+
+SAMPLERS = list(comfy.samplers.KSampler.SAMPLERS)
+SCHEDULERS = [*comfy.samplers.KSampler.SCHEDULERS, OPENSORA_SCHEDULER]
+KV_MODES = list(constants.KV_MODES)
+APPLY_TO = list(constants.APPLY_TO)
+MAX_STEPS = 1000
+
+
+def schedule_inputs(boundary_note: str = "") -> list[Any]:
+    """The inputs CHAI Sampler and CHAI Apply share, in their saved-workflow order: steps, cache steps, K/V mode,
+    CFG half, the lookup's hit, and Wan 2.2 A14B's second expert with its boundary."""
+    return [
+        io.Int.Input("full_steps", default=30, min=1, max=MAX_STEPS,
+                     tooltip="Steps on a miss (the full schedule; 30 in the paper and in Wan's template)."),
+        io.Int.Input("fast_steps", default=8, min=1, max=MAX_STEPS,
+                     tooltip="Steps on a hit (the paper: 8, about 3.5x faster than 30)."),
+        io.String.Input("cache_steps", default=",".join(map(str, constants.DEFAULT_CACHE_STEPS)),
+                        tooltip="Steps of the fast schedule, counted from 1, at which Cache Attention runs. The "
+                                "default was chosen in the pack's quality lab (docs/quality-lab.md compares it "
+                                "with the paper's 2,3,4). Empty = none (a plain fast run)."),
+        combo("kv_mode", options=KV_MODES, default="replace",
+              tooltip="'replace' (the paper): block 0 attends to the donor's keys/values only. 'concat': to its "
+                      "own and the donor's (keeps more of the new prompt)."),
+        combo("apply_to", options=APPLY_TO, default="cond",
+              tooltip="'cond' (default): only the prompt half of CFG attends to the donor; 'both': the negative "
+                      "half too."),
+        CHAI_HIT.Input("hit", optional=True,
+                       tooltip="The lookup result from CHAI Cache Lookup. Not connected, or a miss: the full "
+                               "schedule runs and the donors are captured."),
+        io.Model.Input("model_2", optional=True,
+                       tooltip="Wan 2.2 A14B: the low-noise expert, which samples the steps below 'boundary' "
+                               "(the second sampler's MODEL in a two-sampler graph). Connect it to the lookup too."),
+        io.Float.Input("boundary", default=constants.WAN22_BOUNDARY, min=0.0, max=1.0, step=0.005, optional=True,
+                       tooltip=f"Wan 2.2 A14B: the sigma below which the low-noise expert samples "
+                               f"({constants.WAN22_BOUNDARY:g} text-to-video, 0.9 image-to-video)" + boundary_note
+                               + "."),
+    ]
+
+
+def validate_steps(cache_steps: str | None, fast_steps: int | None) -> bool | str:
+    """validate_inputs of the nodes with fast_steps and cache_steps: True, or what is wrong.
+
+    Combo inputs need no check here: ComfyUI validates them against their option lists. fast_steps is checked here
+    because ComfyUI skips the min/max check of every input a validate_inputs reads.
+    """
+    if fast_steps is not None and not 1 <= fast_steps <= MAX_STEPS:
+        return f"fast_steps must be 1..{MAX_STEPS}, got {fast_steps}"
+    try:
+        check_cache_steps(cache_steps, MAX_STEPS if fast_steps is None else fast_steps)
+    except ValueError as exc:
+        return str(exc)
+    return True
+
+
+def chai_plan_inputs(model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,
+                     cache_steps: str, kv_mode: str, apply_to: str) -> tuple[ChaiConfig, Schedule]:
+    """(ChaiConfig, steps -> sigmas) from the schedule inputs CHAI Sampler and CHAI Apply share."""
+    config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=cache_steps, kv_mode=kv_mode,
+                        apply_to=apply_to)
+    return config, node_schedule(model, latent, sampler_name, scheduler)
