@@ -29,7 +29,7 @@ from comfyui_chai.chai_attention.adapters import get_adapter  # noqa: E402
 from comfyui_chai.chai_attention.config import ChaiConfig  # noqa: E402
 from comfyui_chai.chai_attention.donors import Donor, DonorSet  # noqa: E402
 from comfyui_chai.chai_attention.kv import cache_attention, chunk_row_mask  # noqa: E402
-from comfyui_chai.chai_attention.pipeline import ChaiPipeline  # noqa: E402
+from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline  # noqa: E402
 from comfyui_chai.chai_attention.run import CacheAttentionRun  # noqa: E402
 from comfyui_chai.opensora.presets import VideoSpec  # noqa: E402
 from comfyui_chai.opensora.sampler import make_noise, opensora_model_kwargs  # noqa: E402

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .adapters.base import get_adapter
+from .adapters import get_adapter
 from .config import ChaiConfig
 from .constants import CAPTURE_KEY, RUN_KEY
 from .flow import RequestPlan, Schedule, finish_fast, finish_full, plan_request, trace_for

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from .adapters.base import get_adapter
+from .adapters import get_adapter
 from .config import ChaiConfig
 from .constants import CAPTURE_KEY, RUN_KEY
 from .donors import DonorCapture

@@ -17,7 +17,7 @@ import torch
 from ..chai_attention.config import ChaiConfig
 from ..chai_attention.donors import DonorCapture
 from ..chai_attention.fingerprint import model_fingerprint
-from ..chai_attention.pipeline import ChaiPipeline
+from ..chai_attention.torch_pipeline import ChaiPipeline
 from ..chai_attention.steps import plan_for_config
 from ..opensora.sampler import make_noise, opensora_model_kwargs, sample
 from .detect import detect

@@ -299,7 +299,7 @@ def test_miss_then_hit_on_a_shared_entity_and_the_hit_equals_the_reference(comfy
     run_mod = comfy.pack_module("chai_attention.run")
     config = comfy.pack_module("chai_attention.config").ChaiConfig(cache_steps=(2, 3, 4))
     adapter = comfy.pack_module("chai_attention.adapters").get_adapter(env["reference"])
-    pipeline = comfy.pack_module("chai_attention.pipeline")
+    pipeline = comfy.pack_module("chai_attention.torch_pipeline")
     sampler = comfy.pack_module("opensora.sampler")
     from comfy import sample as comfy_sample
 
