@@ -205,7 +205,7 @@ def reference_ratio(comfy: Comfy, path: Path, size: tuple[int, int], frames: int
 
     loading = comfy.module("opensora.loading")
     presets = comfy.module("opensora.presets")
-    pipeline = comfy.module("chai_attention.pipeline")
+    pipeline = comfy.module("chai_attention.torch_pipeline")
     service = comfy.module("cache_store.service")
     model = loading.load_stdit3(path)
 

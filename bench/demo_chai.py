@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from comfyui_chai.cache_store.config import budget_from_gb
     from comfyui_chai.cache_store.service import ChaiCache
     from comfyui_chai.chai_attention.config import ChaiConfig
-    from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+    from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline
     from comfyui_chai.toyworld.model import DEFAULT_CFG, ToyVideoSpec, load_toy_model, toy_sigmas, toy_text_encoder
     from comfyui_chai.toyworld.stream import make_stream, request_lines, serve, summary_text
 

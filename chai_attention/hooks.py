@@ -14,18 +14,24 @@ Three callables, all plain Python with ComfyUI's calling conventions (so this mo
   goes through unchanged (through the previous override, if any).
 
 An adapter (see `HookAdapter`) only says where: which block, which attention call in it, how a donor latent
-becomes the model input, how donor keys/values enter the live call. docs/cache-attention.md has the details.
+becomes the model input, how donor keys/values enter the live call (by default through `kv.combine_kv`, the one
+K/V combine). What a model must honour: it calls `transformer_options["patches_replace"]["dit"][block_key]` for
+that block, and the block's attention calls `transformer_options["optimized_attention_override"]`, as ComfyUI's
+own DiTs and the pack's STDiT3 do. `install` puts both hooks on a ModelPatcher clone; `with_block_patch` puts the
+block patch into a plain transformer_options dict (the pure-torch pipeline). docs/cache-attention.md has the
+details, docs/adding-a-model-family.md the recipe for a new family.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from .attention_call import AttentionCall, DonorKV, same_tensors
+from .attention_call import AttentionCall, AttentionFn, DonorKV, same_tensors
 from .constants import RUN_KEY
+from .kv import chunk_row_mask, combine_kv
 from .run import COND, CacheAttentionRun, StepPlan
 from .steps import first_value
 
@@ -58,10 +64,10 @@ class CapturePass:
 
 @dataclass
 class LivePass:
-    """The live evaluation at a cache step: attend with `donor` on the rows flagged in `rows`."""
+    """The live evaluation at a cache step: attend with `donor` on the rows of the CFG chunks flagged in `flags`."""
 
     donor: DonorKV
-    rows: Tensor  # bool [B]: rows (batch entries) that attend to the donor
+    flags: Sequence[bool]  # per CFG chunk of the call: does it attend to the donor
     mode: str
     on_fire: Callable[[int, int], None]  # (rows that attended to the donor, all rows)
     fired: int = 0
@@ -70,17 +76,20 @@ class LivePass:
 # ---------------------------------------------------------------------------------------------- the adapter contract
 
 class HookAdapter:
-    """Where Cache Attention hooks into a model; mixed into a `ModelAdapter` whose model ComfyUI runs.
+    """Where Cache Attention hooks into a model (the base of every `adapters.ModelAdapter`).
 
     Subclasses set `block_key` (the `patches_replace["dit"]` key of the block whose attention is replaced) and
     `attention_index` (which attention call of that block, counted from 0, is the self-attention); they may
-    override `donor_input`, `splice_kv` and `check_donor` when the defaults do not fit.
+    override `donor_input`, `splice_kv` and `check_donor` when the defaults do not fit. `shares_donor_kv`: the
+    hooked attention's donor K/V depend on the donor latent, the call's shape and timestep only (not on its
+    conditioning), so one capture pass per step serves every call of that step (split CFG calls).
     """
 
     block_key: ClassVar[tuple[Any, ...]] = ("double_block", 0)
     attention_index: ClassVar[int] = 0
     firing_kind: ClassVar[str] = "self_attn"
     shape_hint: ClassVar[str] = "the live latent's shape"
+    shares_donor_kv: ClassVar[bool] = False
 
     def donor_input(self, donor: Tensor, x: Tensor) -> Tensor:
         """The model input of the capture pass: the donor latent in place of the live latent x.
@@ -107,15 +116,10 @@ class HookAdapter:
         if tuple(donor.k.shape) != tuple(live.k.shape) or tuple(donor.v.shape) != tuple(live.v.shape):
             raise ValueError(f"donor keys {tuple(donor.k.shape)} do not match the live keys {tuple(live.k.shape)}: "
                              f"Cache Attention needs the donor latent to have {self.shape_hint}")
-        k, v = donor.k.to(live.k.dtype), donor.v.to(live.v.dtype)
-        if mode == "replace":
-            return live.replace(k=k, v=v)
-        if mode != "concat":
-            raise ValueError(f"K/V mode must be 'replace' or 'concat'; got {mode!r}")
-        if live.mask is not None:
+        if mode == "concat" and live.mask is not None:
             raise ValueError("'concat' K/V mode is not supported on an attention call with a mask; use 'replace'")
-        axis = live.token_dim
-        return live.replace(k=torch.cat([live.k, k], dim=axis), v=torch.cat([live.v, v], dim=axis))
+        k, v = combine_kv(live.k, live.v, donor.k, donor.v, mode, dim=live.token_dim)
+        return live.replace(k=k, v=v)
 
     def check_donor(self, donor: DonorKV, live_block_args: Mapping[str, Any]) -> None:
         """ValueError when the donor pass's tokens sit at other positions than the live ones.
@@ -168,7 +172,9 @@ class AttentionOverride:
         state, adapter = self.state, self.adapter
         assert isinstance(state, LivePass)
         adapter.check_donor(state.donor, self.block_args)
-        rows = state.rows.to(call.q.device)
+        # Rows of the attention call (q's dim 0: batch entries, or (entry, frame) pairs for a per-frame attention)
+        # split evenly over the call's CFG chunks.
+        rows = chunk_row_mask(state.flags, call.q.shape[0], call.q.device)
         if bool(rows.all()):
             out = adapter.splice_kv(call, state.donor, state.mode, self.block_args).run(self.previous)
         else:
@@ -272,9 +278,8 @@ class CacheAttentionWrapper:
         flags = run.chunk_flags(layout, options.get("uuids"))
         if not any(flags):
             return executor(*args, **kwargs)
-        donor = self.capture(executor, args, kwargs, options, plan)
-        rows = _row_mask(flags, x.shape[0], x.device)
-        live = LivePass(donor, rows, run.config.kv_mode,
+        donor = self.capture(executor, args, kwargs, options, plan, run)
+        live = LivePass(donor, flags, run.config.kv_mode,
                         lambda used, total: run.record(plan, self.adapter.firing_kind, self._block_index(), used,
                                                        total))
         live_args, live_kwargs = _with_options(args, kwargs, {**options, PASS_KEY: live})
@@ -287,11 +292,20 @@ class CacheAttentionWrapper:
         return int(key[1]) if len(key) > 1 and isinstance(key[1], int) else 0
 
     def capture(self, executor: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], options: dict,
-                plan: StepPlan) -> DonorKV:
-        """Run the model on the donor latent until the hooked attention has its K/V; return them."""
+                plan: StepPlan, run: CacheAttentionRun) -> DonorKV:
+        """The donor's K/V at the hooked attention: a capture pass, or the one of an earlier call of this step
+        when the adapter `shares_donor_kv` and the call has the same shape and timestep (run.donor_kv)."""
         x, t = args[0], args[1]
-        donor_x = self.adapter.donor_input(plan.donor_latent, x)
         t_donor = t if plan.modulation_sigma == plan.sigma else torch.full_like(t, plan.modulation_sigma)
+        if not self.adapter.shares_donor_kv:
+            return self._capture(executor, args, kwargs, options, plan, t_donor)
+        key = (tuple(x.shape), str(x.device), x.dtype, first_value(t_donor))
+        return run.donor_kv(plan, key, lambda: self._capture(executor, args, kwargs, options, plan, t_donor))
+
+    def _capture(self, executor: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], options: dict,
+                 plan: StepPlan, t_donor: Any) -> DonorKV:
+        """Run the model on the donor latent until the hooked attention has its K/V; return them."""
+        donor_x = self.adapter.donor_input(plan.donor_latent, args[0])
         capture_options = _without_diffusion_model_wrappers({**options, PASS_KEY: CapturePass()})
         capture_args, capture_kwargs = _with_options([donor_x, t_donor, *args[2:]], kwargs, capture_options)
         try:
@@ -300,13 +314,6 @@ class CacheAttentionWrapper:
             return done.donor
         raise RuntimeError(f"CHAI: the capture pass never reached attention call {self.adapter.attention_index} of "
                            f"block {self.adapter.block_key}; this model does not honour the block hook")
-
-
-def _row_mask(flags: Sequence[bool], rows: int, device: Any) -> Tensor:
-    n = len(flags)
-    if n == 0 or rows % n:
-        raise ValueError(f"{rows} batch rows cannot be split into {n} CFG chunks")
-    return torch.tensor([bool(f) for f in flags], device=device).repeat_interleave(rows // n)
 
 
 class GuiderPrompts:
@@ -338,51 +345,34 @@ def track_prompts(patcher: Any, run_key: str = RUN_KEY) -> None:
 
 # ---------------------------------------------------------------------------------------------- installation
 
-@dataclass
-class Installed:
-    """What `install` added to a ModelPatcher clone, for `uninstall`."""
-
-    block_key: tuple[Any, ...]
-    previous: BlockFn | None
-    extras: dict[str, Any] = field(default_factory=dict)
-
-
-def _dit_patches(patcher: Any) -> dict:
-    options = patcher.model_options.get("transformer_options", {})
-    return (options.get("patches_replace") or {}).get(DIT) or {}
-
-
-def install(patcher: Any, adapter: HookAdapter, run_key: str = RUN_KEY) -> Installed:
-    """Install Cache Attention on a ModelPatcher *clone*: the block patch (chaining the one there) and the
-    APPLY_MODEL wrapper. Installing twice replaces our own patch instead of stacking it."""
-    previous = _dit_patches(patcher).get(adapter.block_key)
+def chained_block_patch(options: Mapping[str, Any], adapter: HookAdapter) -> BlockPatch:
+    """Our block patch for transformer_options `options`, chaining the patch they hold at the adapter's block key
+    (never our own: installing twice replaces our patch instead of stacking it)."""
+    previous = ((options.get("patches_replace") or {}).get(DIT) or {}).get(adapter.block_key)
     while isinstance(previous, BlockPatch):
         previous = previous.previous
-    patcher.set_model_patch_replace(BlockPatch(adapter, previous), DIT, *adapter.block_key)
+    return BlockPatch(adapter, previous)
+
+
+def with_block_patch(options: Mapping[str, Any], adapter: HookAdapter) -> dict:
+    """A copy of a plain transformer_options dict with our block patch at patches_replace["dit"][block_key]
+    (no ModelPatcher: the pure-torch pipeline); the nested dicts are copied, never changed in place."""
+    replaces = dict(options.get("patches_replace") or {})
+    replaces[DIT] = {**(replaces.get(DIT) or {}), tuple(adapter.block_key): chained_block_patch(options, adapter)}
+    return {**options, "patches_replace": replaces}
+
+
+def install(patcher: Any, adapter: HookAdapter, run_key: str = RUN_KEY) -> None:
+    """Install Cache Attention on a ModelPatcher *clone*: the block patch (chaining the one there), the
+    APPLY_MODEL wrapper and the guider-prompt tracker. Installing twice replaces ours instead of stacking it."""
+    options = patcher.model_options.get("transformer_options", {})
+    patcher.set_model_patch_replace(chained_block_patch(options, adapter), DIT, *adapter.block_key)
     patcher.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
     patcher.add_wrapper_with_key(APPLY_MODEL, WRAPPER_KEY, CacheAttentionWrapper(adapter, run_key))
     track_prompts(patcher, run_key)
-    return Installed(tuple(adapter.block_key), previous)
 
 
-def uninstall(patcher: Any, installed: Installed) -> None:
-    """Undo `install` on the same clone: the previous block patch (if any) is back, our wrapper gone."""
-    patcher.remove_wrappers_with_key(APPLY_MODEL, WRAPPER_KEY)
-    patcher.remove_wrappers_with_key(OUTER_SAMPLE, PROMPTS_KEY)
-    current = _dit_patches(patcher).get(installed.block_key)
-    if not isinstance(current, BlockPatch):
-        return
-    if installed.previous is not None:
-        patcher.set_model_patch_replace(installed.previous, DIT, *installed.block_key)
-        return
-    options = dict(patcher.model_options.get("transformer_options", {}))
-    replaces = {**options.get("patches_replace", {})}
-    group = {k: v for k, v in replaces.get(DIT, {}).items() if k != installed.block_key}
-    replaces[DIT] = group
-    options["patches_replace"] = replaces
-    patcher.model_options["transformer_options"] = options
-
-
-__all__ = ["AttentionCall", "DonorKV", "same_tensors", "CapturePass", "LivePass", "HookAdapter", "AttentionOverride",
-           "BlockPatch", "CacheAttentionWrapper", "GuiderPrompts", "track_prompts", "Installed", "install", "uninstall",
-           "PASS_KEY", "OVERRIDE_KEY", "APPLY_MODEL", "WRAPPER_KEY"]
+__all__ = ["AttentionCall", "AttentionFn", "DonorKV", "same_tensors", "CapturePass", "LivePass", "HookAdapter",
+           "AttentionOverride", "BlockPatch", "CacheAttentionWrapper", "GuiderPrompts", "track_prompts",
+           "chained_block_patch", "with_block_patch", "install", "PASS_KEY", "OVERRIDE_KEY", "APPLY_MODEL",
+           "WRAPPER_KEY", "DIT"]

@@ -1,4 +1,7 @@
-"""Cache Attention math on per-head q/k/v tensors, independent of the model family.
+"""The one Cache Attention K/V math, independent of the model family: the K/V combine and the CFG row mask.
+
+`combine_kv` and `chunk_row_mask` serve every family (chai_attention.hooks calls them inside the hooked attention);
+`cache_attention` (with its lab-only `strength` blend) serves the quality lab alone, never the product.
 
 Layout: q, k, v are [R, heads, N, head_dim], R rows of independent attention (for STDiT3 spatial blocks one row
 per (sample, frame); for a full 3-D attention such as Wan's, one row per sample). Donor keys and values come in
@@ -29,18 +32,26 @@ def tile_rows(t: Tensor, rows: int) -> Tensor:
     return t.repeat(rows // have, *([1] * (t.dim() - 1)))
 
 
-def combine_kv(k: Tensor, v: Tensor, k_donor: Tensor, v_donor: Tensor, mode: str = "replace") -> tuple[Tensor, Tensor]:
-    """Keys and values the live queries attend to: the donor's ("replace") or own then donor's ("concat")."""
+def combine_kv(k: Tensor, v: Tensor, k_donor: Tensor, v_donor: Tensor, mode: str = "replace",
+               dim: int = -2) -> tuple[Tensor, Tensor]:
+    """Keys and values the live queries attend to: the donor's ("replace") or own then donor's ("concat").
+
+    dim is the token axis: -2 fits both of ComfyUI's layouts ([B, L, heads * d] and [B, heads, L, d]). Donor rows
+    (dim 0) are tiled over the live rows; every other axis but the token axis must match.
+    """
     if mode not in KV_MODES:
         raise ValueError(f"K/V mode must be one of {', '.join(KV_MODES)}; got {mode!r}")
     k_donor, v_donor = tile_rows(k_donor, k.shape[0]), tile_rows(v_donor, v.shape[0])
-    if k_donor.shape[1:2] != k.shape[1:2] or k_donor.shape[-1] != k.shape[-1]:
-        raise ValueError(f"donor keys {tuple(k_donor.shape)} do not match the block's keys {tuple(k.shape)} "
-                         "in heads or head width")
+    axis = dim % k.dim()
+    for donor, own in ((k_donor, k), (v_donor, v)):
+        if donor.dim() != own.dim() or any(a != b for i, (a, b) in enumerate(zip(donor.shape, own.shape))
+                                           if i not in (0, axis)):
+            raise ValueError(f"donor keys/values {tuple(donor.shape)} do not match the block's {tuple(own.shape)} "
+                             "in heads or head width")
     k_donor, v_donor = k_donor.to(k.dtype), v_donor.to(v.dtype)
     if mode == "replace":
         return k_donor, v_donor
-    return torch.cat([k, k_donor], dim=-2), torch.cat([v, v_donor], dim=-2)
+    return torch.cat([k, k_donor], dim=axis), torch.cat([v, v_donor], dim=axis)
 
 
 def chunk_row_mask(flags: Sequence[bool], rows: int, device: torch.device | str | None = None) -> Tensor:

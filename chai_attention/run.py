@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from torch import Tensor
 
@@ -14,6 +14,7 @@ from .steps import CacheStepSelector
 # ComfyUI's transformer_options["cond_or_uncond"] convention: one entry per batch chunk, 0 = cond, 1 = uncond.
 COND, UNCOND = 0, 1
 BATCHED_CFG: tuple[int, ...] = (COND, UNCOND)  # the reference sampler's [cond; uncond] batch
+KV = TypeVar("KV")  # what a step's donor K/V are kept as (hooks: an attention_call.DonorKV)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ class CacheAttentionRun:
         # (hooks.GuiderPrompts); then they, not chunk index 0, are the "cond" chunks (DualCFGGuider: index 2).
         self.prompt_ids: frozenset[Any] = frozenset()
         self._kv_key: tuple[Any, ...] | None = None
-        self._kv: tuple[Tensor, Tensor] | None = None
+        self._kv: Any = None
         self._lock = threading.Lock()
 
     def plan_for(self, sigma: float) -> StepPlan | None:
@@ -86,8 +87,8 @@ class CacheAttentionRun:
             return [i in self.prompt_ids for i in ids]
         return [int(c) == COND for c in cond_or_uncond]
 
-    def donor_kv(self, plan: StepPlan, key: Any, compute: Callable[[], tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
-        """Donor K/V for a step, computed once and reused by every call of that step (CFG halves, split calls)."""
+    def donor_kv(self, plan: StepPlan, key: Any, compute: Callable[[], KV]) -> KV:
+        """Donor K/V for a step, computed once and reused by every call of that step with the same `key`."""
         full_key = (plan.step, plan.donor_index, plan.modulation_sigma, key)
         with self._lock:
             if self._kv_key == full_key and self._kv is not None:

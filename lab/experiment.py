@@ -17,7 +17,7 @@ import torch
 from comfyui_chai.chai_attention.config import ChaiConfig
 from comfyui_chai.chai_attention.donors import DonorCapture
 from comfyui_chai.chai_attention.identity import model_fingerprint
-from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline
 from comfyui_chai.chai_attention.steps import plan_for_config
 from comfyui_chai.opensora.sampler import make_noise, opensora_model_kwargs, sample
 from comfyui_chai.toyworld.detect import detect

@@ -19,6 +19,11 @@ nominal video in its safetensors metadata under `FIXED_METADATA_KEY` ("toyworld"
 `comfy_forward` then passes that nominal size and frame count (the toy's latent has no temporal compression)
 for every latent of the trained shape (`call_video`).
 
+Block patches and the attention override reach STDiT3 as ComfyUI's DiTs get them: `comfy_forward` hands the
+call's transformer_options to `STDiT3.forward` (keys `("spatial_block", i)` / `("temporal_block", i)` of
+``patches_replace["dit"]``, and ``optimized_attention_override``; see `opensora.stdit3`). CHAI's Cache Attention
+uses exactly these.
+
 Attention patches: a callable stored with ``model_patcher.set_model_patch_replace(fn, "dit", "spatial_attn", i)``
 (i.e. ``transformer_options["patches_replace"]["dit"][("spatial_attn", i)]``; ``"temporal_attn"`` for the
 temporal blocks) becomes ``STDiT3.forward(..., attn_replace={("spatial_attn", i): fn})``: ``fn(call)`` gets an
@@ -242,7 +247,8 @@ def comfy_forward(model: STDiT3, x: Tensor, timestep: Tensor, context: Tensor | 
     options = transformer_options or {}
     video = call_video(model, tuple(x.shape), options)
     out = STDiT3.forward(model, x, timestep, context, None, fps=model_fps(video.num_frames, video.fps),
-                         height=video.height, width=video.width, attn_replace=attn_replace_from_options(options))
+                         height=video.height, width=video.width, attn_replace=attn_replace_from_options(options),
+                         transformer_options=options)
     return -out[:, : model.config.in_channels]
 
 

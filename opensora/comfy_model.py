@@ -20,9 +20,12 @@ Design (details in `opensora.comfy_adapter`):
 - Nominal pixel size and fps (position-embedding scale, fps embedding) come from transformer_options["opensora"]
   (set by `with_video`) when it fits the latent, else from the latent shape (exact for every Open-Sora preset).
 - Patches: ComfyUI merges model_options["transformer_options"] into every model call and BaseModel passes it to
-  the diffusion model's forward; `model.set_model_patch_replace(fn, "dit", "spatial_attn", 0)` replaces block
-  0's spatial self-attention (STDiT3 `attn_replace`), and object patches such as
-  "diffusion_model.spatial_blocks.0.attn.forward" work as on any module.
+  the diffusion model's forward, and `comfy_forward` hands them on to `STDiT3.forward(transformer_options=...)`:
+  `model.set_model_patch_replace(fn, "dit", "spatial_block", 0)` replaces spatial block 0 (ComfyUI's DiT block
+  patch), an "optimized_attention_override" reaches every self-attention (CHAI's Cache Attention uses both),
+  `set_model_patch_replace(fn, "dit", "spatial_attn", 0)` replaces block 0's spatial self-attention (STDiT3
+  `attn_replace`), and object patches such as "diffusion_model.spatial_blocks.0.attn.forward" work as on any
+  module.
 - Fixed-size checkpoints (the toy-world model): when the file's metadata declares a `FixedSampling`
   (`comfy_adapter.fixed_sampling_from_metadata`), the model's flow shift is that shift rather than OpenSora's
   (so KSampler's "simple" schedule is the trained one: exact when 1000/steps is whole, within 1e-3 otherwise),

@@ -15,9 +15,8 @@ from typing import Any
 import torch
 
 from .presets import DEFAULT_FPS, model_fps
-from .schedule import NUM_TIMESTEPS, opensora_sigmas
+from .schedule import NUM_TIMESTEPS
 
-DEFAULT_STEPS = 30
 DEFAULT_CFG = 7.0
 
 ModelFn = Callable[..., torch.Tensor]
@@ -38,11 +37,6 @@ def make_noise(
         generator = torch.Generator(device="cpu").manual_seed(int(seed))
     noise = torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device=generator.device)
     return noise.to(device=device, dtype=dtype)
-
-
-def denoised_from_velocity(x: torch.Tensor, sigma: float, velocity: torch.Tensor) -> torch.Tensor:
-    """Clean-latent estimate x0 = x + sigma * v at flow sigma."""
-    return x + sigma * velocity
 
 
 def cfg_combine(v_cond: torch.Tensor, v_uncond: torch.Tensor, cfg: float) -> torch.Tensor:
@@ -167,53 +161,3 @@ def opensora_model_kwargs(
     if mask is not None:
         kw["mask"] = mask
     return kw
-
-
-def sample_opensora(
-    model: ModelFn,
-    noise: torch.Tensor,
-    cond: torch.Tensor,
-    uncond: torch.Tensor | None,
-    *,
-    height: int,
-    width: int,
-    num_frames: int,
-    steps: int = DEFAULT_STEPS,
-    cfg: float = DEFAULT_CFG,
-    fps: float = DEFAULT_FPS,
-    mask: torch.Tensor | None = None,
-    callback: StepCallback | None = None,
-    bf16_shift: bool = True,
-    model_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """Full OpenSora 1.2 sampling (defaults: 30 steps, CFG 7) for a nominal pixel size and frame count."""
-    sigmas = opensora_sigmas(steps, height, width, num_frames, bf16=bf16_shift)
-    kwargs = opensora_model_kwargs(height, width, num_frames, noise.shape[0], fps, mask, noise.device)
-    return sample(model, noise, cond, uncond, sigmas, cfg, callback, kwargs, model_dtype=model_dtype)
-
-
-class LatentCapture:
-    """Step callback that keeps copies of the latent entering chosen steps (0-based), keyed by step index."""
-
-    def __init__(self, steps: Sequence[int], device: str | torch.device = "cpu") -> None:
-        self.steps = frozenset(int(s) for s in steps)
-        self.device = device
-        self.latents: dict[int, torch.Tensor] = {}
-        self.sigmas: dict[int, float] = {}
-
-    def __call__(self, step: int, x: torch.Tensor, sigma: float, velocity: torch.Tensor) -> None:
-        """Store x at this step if it is one of the chosen steps."""
-        if step in self.steps:
-            self.latents[step] = x.detach().to(self.device, copy=True)
-            self.sigmas[step] = float(sigma)
-
-
-def chain_callbacks(*callbacks: StepCallback | None) -> StepCallback:
-    """One step callback that calls each given callback in order."""
-    active = [c for c in callbacks if c is not None]
-
-    def run(step: int, x: torch.Tensor, sigma: float, velocity: torch.Tensor) -> None:
-        for cb in active:
-            cb(step, x, sigma, velocity)
-
-    return run

@@ -13,7 +13,8 @@ velocity v = x0 - noise, pointing from noise towards data; the remaining channel
 `x <- x + v * (t_i - t_{i+1}) / 1000`. ComfyUI's flow models (CONST sampling: denoised = x - sigma * out) expect
 the opposite sign, so a ComfyUI wrapper must return `-out[:, :4]`; then denoised = x + sigma * v = x0.
 
-forward(x, timestep, y, mask=None, fps=None, height=None, width=None, *, y_drop=None, attn_replace=None):
+forward(x, timestep, y, mask=None, fps=None, height=None, width=None, *, y_drop=None, attn_replace=None,
+        transformer_options=None):
   * x: latent [B, in_channels, T, H, W] (any T/H/W; padded to whole patches inside, cropped back);
   * timestep: Open-Sora units in [0, 1000] (1000 = noise), a number or [B];
   * y: T5 features [B, 1, L, caption_channels] (L <= model_max_length; [B, L, Cc] also accepted);
@@ -22,7 +23,7 @@ forward(x, timestep, y, mask=None, fps=None, height=None, width=None, *, y_drop=
   * height, width: nominal pixel size (number or tensor, first element used) setting the position-embedding
     scale; default 8x the latent size, but pass the true size (426, not 424, for 240p 9:16);
   * y_drop: [B] bool, replace those samples' captions with the null caption `y_embedder.y_embedding`;
-  * attn_replace: see below.
+  * attn_replace, transformer_options: see below.
 
 Hooks for attention patches (Cache Attention targets `model.spatial_blocks[0]`):
   * `SelfAttention.qkv_heads(x, rope)` -> (q, k, v) per head after q/k RMS-norm and RoPE;
@@ -34,20 +35,34 @@ Hooks for attention patches (Cache Attention targets `model.spatial_blocks[0]`):
   * `forward(..., attn_replace={("spatial_attn", 0): fn})`: `fn(call: SelfAttnCall) -> Tensor` replaces the
     self-attention of that block; it gets q, k, v and the modulated input and returns the projected attention
     output in the attention layout (usually `call.block.attn.attend(q, k2, v2)`). Gating and residual stay intact.
+
+ComfyUI's DiT contract, as ComfyUI's own Wan honours it (`forward(..., transformer_options=...)`):
+  * block patches: `transformer_options["patches_replace"]["dit"][(SPATIAL_BLOCK, i)]` (and `(TEMPORAL_BLOCK, i)`)
+    replaces block i: it is called as `patch(args, {"original_block": fn})` with args {"x" [B, T*S, C], "y",
+    "t_mlp", "y_mask", "T", "S", "rope", "transformer_options"}; `fn(args)` runs the block and returns {"x": ...};
+    the block's output is the returned dict's "x";
+  * the attention override `transformer_options["optimized_attention_override"]`, in the options a block is
+    given, is called by that block's self-attention (see `opensora.stdit3_layers`).
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
 from .stdit3_config import DEFAULT_FPS, FREQ_EMBED_DIM, IMAGE_FPS, VAE_DOWNSCALE, STDiT3Config
-from .stdit3_layers import (AttnReplace, CaptionEmbedder, Layers, PatchEmbed3D, RotaryEmbedding, SelfAttention,
+from .stdit3_layers import (OVERRIDE_KEY, AttnReplace, CaptionEmbedder, Layers, PatchEmbed3D, RotaryEmbedding, SelfAttention,
                             SelfAttnCall, STDiT3Block, T2IFinalLayer, TimestepEmbedder, apply_rope, rope_cos_sin,
-                            rope_frequencies, sincos_pos_embed_2d, t2i_modulate, timestep_sinusoid)
+                            rope_frequencies, sdpa_attention, sincos_pos_embed_2d, t2i_modulate,
+                            timestep_sinusoid)
+
+PATCH_GROUP = "dit"  # transformer_options["patches_replace"] group of the block patches (ComfyUI's DiT convention)
+SPATIAL_BLOCK, TEMPORAL_BLOCK = "spatial_block", "temporal_block"  # block patch keys: (SPATIAL_BLOCK, i)
+
+BlockPatch = Callable[[dict, dict], dict]
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -69,6 +84,19 @@ def _per_sample(value: Any, batch: int, device: torch.device, name: str) -> Tens
     elif t.numel() != batch:
         raise ValueError(f"{name} has {t.numel()} values for a batch of {batch}")
     return t
+
+
+def _run_block(block: STDiT3Block, patch: BlockPatch | None, args: dict[str, Any], replace: AttnReplace | None,
+               index: int, info: dict[str, Any], options: dict[str, Any]) -> Tensor:
+    """One block, through its block patch when transformer_options hold one (see the module docstring)."""
+
+    def original(a: dict[str, Any]) -> dict[str, Tensor]:
+        return {"x": block(a["x"], a["y"], a["t_mlp"], a["y_mask"], a["T"], a["S"], a["rope"], replace, index, info,
+                           a.get("transformer_options"))}
+
+    if patch is None:
+        return original({**args, "transformer_options": options})["x"]
+    return patch({**args, "transformer_options": options}, {"original_block": original})["x"]
 
 
 class STDiT3(nn.Module):
@@ -208,7 +236,8 @@ class STDiT3(nn.Module):
 
     def forward(self, x: Tensor, timestep: Any, y: Tensor, mask: Tensor | None = None, fps: Any = None,
                 height: Any = None, width: Any = None, *, y_drop: Tensor | None = None,
-                attn_replace: Mapping[tuple[str, int], AttnReplace] | None = None) -> Tensor:
+                attn_replace: Mapping[tuple[str, int], AttnReplace] | None = None,
+                transformer_options: Mapping[str, Any] | None = None) -> Tensor:
         """Float32 [B, out_channels, T, H, W] flow prediction for latent x (arguments: see the module docstring)."""
         if x.dim() != 5 or x.shape[1] != self.config.in_channels:
             raise ValueError(f"x must be [B, {self.config.in_channels}, T, H, W], got {list(x.shape)}")
@@ -223,15 +252,21 @@ class STDiT3(nn.Module):
         rope = tuple(r.to(x.device) for r in self.rope.cos_sin(grid[0]))
         info = {"timestep": timestep, "fps": fps, "height": height, "width": width} if attn_replace else {}
         replace = attn_replace or {}
+        options = dict(transformer_options or {})
+        patches = (options.get("patches_replace") or {}).get(PATCH_GROUP) or {}
         for i, (spatial, temporal) in enumerate(zip(self.spatial_blocks, self.temporal_blocks)):
-            h = spatial(h, y_tokens, t_mlp, y_mask, grid[0], s, None, replace.get(("spatial_attn", i)), i, info)
-            h = temporal(h, y_tokens, t_mlp, y_mask, grid[0], s, rope, replace.get(("temporal_attn", i)), i, info)
+            args = {"y": y_tokens, "t_mlp": t_mlp, "y_mask": y_mask, "T": grid[0], "S": s}
+            h = _run_block(spatial, patches.get((SPATIAL_BLOCK, i)), {**args, "x": h, "rope": None},
+                           replace.get(("spatial_attn", i)), i, info, options)
+            h = _run_block(temporal, patches.get((TEMPORAL_BLOCK, i)), {**args, "x": h, "rope": rope},
+                           replace.get(("temporal_attn", i)), i, info, options)
         out = self.unpatchify(self.final_layer(h, t), grid, (tx, hx, wx))
         return out.float()
 
 
 __all__ = [
     "STDiT3", "STDiT3Config", "STDiT3Block", "SelfAttention", "SelfAttnCall", "AttnReplace", "Layers",
+    "PATCH_GROUP", "SPATIAL_BLOCK", "TEMPORAL_BLOCK", "OVERRIDE_KEY", "sdpa_attention",
     "DEFAULT_FPS", "FREQ_EMBED_DIM", "IMAGE_FPS", "VAE_DOWNSCALE", "apply_rope", "rope_cos_sin", "rope_frequencies",
     "sincos_pos_embed_2d", "t2i_modulate", "timestep_sinusoid",
 ]

@@ -1,5 +1,11 @@
 """STDiT3's building blocks: position and timestep maths, the layer classes and the self-attention hook types.
 
+Every self-attention honours ComfyUI's attention override: when the block's transformer options hold a callable
+under `OVERRIDE_KEY`, the block computes q, k, v and calls `override(sdpa_attention, q, k, v, heads,
+skip_reshape=True, transformer_options=...)` (q/k/v [B', heads, L', head_dim]); the override may call the function
+with other keys and values. Without one, the block runs its `attn` module as a whole (so object patches of
+`attn.forward` keep working).
+
 Module and parameter names are those of the official checkpoint (see `opensora.stdit3`, which assembles them).
 """
 from __future__ import annotations
@@ -15,6 +21,8 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .stdit3_config import FREQ_EMBED_DIM, STDiT3Config
+
+OVERRIDE_KEY = "optimized_attention_override"  # ComfyUI's transformer option for a replacement attention function
 
 
 # ---------------------------------------------------------------------------------------------- maths helpers
@@ -214,6 +222,16 @@ def rope_frequencies(dim: int, theta: float = 10000.0, device: torch.device | st
     return freqs if device is None else freqs.to(device)
 
 
+def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, heads: int, mask: Tensor | None = None,
+                   skip_reshape: bool = False, skip_output_reshape: bool = False, **kwargs: Any) -> Tensor:
+    """Softmax attention with ComfyUI's attention-function contract: q, k, v [B, L, heads * d] (or [B, heads, L, d]
+    with skip_reshape) -> [B, L, heads * d] (or [B, heads, L, d] with skip_output_reshape); extra keywords ignored."""
+    if not skip_reshape:
+        q, k, v = (rearrange(t, "b n (h d) -> b h n d", h=heads) for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out if skip_output_reshape else rearrange(out, "b h n d -> b n (h d)")
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention with a fused qkv projection and per-head RMS q/k norm (Open-Sora `Attention`)."""
 
@@ -242,8 +260,7 @@ class SelfAttention(nn.Module):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None) -> Tensor:
         """softmax(q k^T / sqrt(head_dim)) v, heads merged, then `proj`: [B, N, C]."""
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        return self.proj(rearrange(out, "b h n d -> b n (h d)"))
+        return self.proj(sdpa_attention(q, k, v, self.num_heads, attn_mask, skip_reshape=True))
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """Self-attention over the sequence dim of x [B, N, C]."""
@@ -330,19 +347,35 @@ class STDiT3Block(nn.Module):
 
     def forward(self, x: Tensor, y: Tensor, t_mlp: Tensor, y_mask: Tensor | None, T: int, S: int,
                 rope: tuple[Tensor, Tensor] | None = None, replace: AttnReplace | None = None,
-                index: int = 0, info: dict[str, Any] | None = None) -> Tensor:
-        """x [B, T*S, C] -> same; y [B, L, C] projected caption, t_mlp [B, 6C]."""
+                index: int = 0, info: dict[str, Any] | None = None,
+                transformer_options: dict[str, Any] | None = None) -> Tensor:
+        """x [B, T*S, C] -> same; y [B, L, C] projected caption, t_mlp [B, 6C]; transformer_options may hold an
+        attention override (see the module docstring)."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.modulation(t_mlp)
         x_mod = t2i_modulate(self.norm1(x), shift_msa, scale_msa)
         h = self.to_attn_layout(x_mod, T, S)
         rope = rope if self.temporal else None
-        if replace is None:
-            h = self.attn(h, rope)
+        override = (transformer_options or {}).get(OVERRIDE_KEY)
+        kind = "temporal" if self.temporal else "spatial"
+
+        def call_of(q: Tensor, k: Tensor, v: Tensor) -> SelfAttnCall:
+            return SelfAttnCall(q, k, v, x_mod, t_mlp, T, S, self, kind, index, rope, dict(info or {}))
+
+        if override is None:
+            h = self.attn(h, rope) if replace is None else replace(call_of(*self.attn.qkv_heads(h, rope)))
         else:
             q, k, v = self.attn.qkv_heads(h, rope)
-            call = SelfAttnCall(q, k, v, x_mod, t_mlp, T, S, self, "temporal" if self.temporal else "spatial",
-                                index, rope, dict(info or {}))
-            h = replace(call)
+            if replace is None:
+                attention: Callable[..., Tensor] = sdpa_attention
+            else:
+                def attention(q: Tensor, k: Tensor, v: Tensor, heads: int, mask: Tensor | None = None,
+                              skip_reshape: bool = False, **kwargs: Any) -> Tensor:
+                    # Another pack's attn_replace patch attends (and projects) with the override's q/k/v.
+                    return replace(call_of(q, k, v))
+            h = override(attention, q, k, v, self.attn.num_heads, skip_reshape=True,
+                         transformer_options=transformer_options)
+            if replace is None:
+                h = self.attn.proj(h)
         x = x + gate_msa * self.from_attn_layout(h, T, S)
         x = x + self.cross_attn(x, y, y_mask)
         x = x + gate_mlp * self.mlp(t2i_modulate(self.norm2(x), shift_mlp, scale_mlp))

@@ -13,13 +13,17 @@ from comfyui_chai.chai_attention.config import ChaiConfig, parse_cache_steps
 from comfyui_chai.chai_attention.donors import Donor, DonorCapture, DonorSet
 from comfyui_chai.chai_attention.identity import model_fingerprint
 from comfyui_chai.chai_attention.kv import cache_attention, chunk_row_mask, combine_kv
-from comfyui_chai.chai_attention.pipeline import PatchedModel
+from comfyui_chai.chai_attention.constants import RUN_KEY
+from comfyui_chai.chai_attention.hooks import CacheAttentionWrapper, with_block_patch
+from comfyui_chai.chai_attention.torch_pipeline import PatchedModel
 from comfyui_chai.chai_attention.run import COND, UNCOND, CacheAttentionRun
 from comfyui_chai.chai_attention.steps import CacheStepSelector, capture_plan, match_step, select_donor
 import hook_doubles as hd
 from chai_helpers import VIDEO, tiny_stdit3, toy_text_encode
-from comfyui_chai.opensora.sampler import LatentCapture, make_noise, opensora_model_kwargs, sample
+from comfyui_chai.opensora.comfy_adapter import comfy_forward
+from comfyui_chai.opensora.sampler import make_noise, opensora_model_kwargs, sample
 from comfyui_chai.opensora.schedule import opensora_sigmas
+from sampler_helpers import LatentCapture
 
 PAPER_STEPS = (2, 3, 4)  # the mechanism tests use the paper's cache steps (the default is 5,6)
 
@@ -56,6 +60,26 @@ def _forward(model, z, ys, mask, kw, sigma, replace=None):
     t = torch.full((n,), sigma * 1000.0)
     with torch.no_grad():
         return model(z.expand(n, *z.shape[1:]), t, ys, mask=mask, attn_replace=replace, **kw)
+
+
+def _chai(model, adapter, z, ys, mask, kw, sigma, run, cond=None):
+    """One model call through the Cache Attention hooks (the pure-torch PatchedModel); batch 2 = [cond; uncond],
+    batch 1 = cond when ys is `cond` (default: ys itself), else uncond."""
+    n = ys.shape[0]
+    patched = PatchedModel(model, adapter, run, ys if cond is None else cond, batch=1)
+    with torch.no_grad():
+        return patched(z.expand(n, *z.shape[1:]), torch.full((n,), sigma * 1000.0), ys, mask=mask, **kw)
+
+
+def _block0_attention_output(model, fn):
+    """(fn(), block 0's spatial self-attention output [(B*T), S, C] in fn's last model call)."""
+    seen = []
+    handle = model.spatial_blocks[0].attn.proj.register_forward_hook(lambda mod, args, out: seen.append(out))
+    try:
+        result = fn()
+    finally:
+        handle.remove()
+    return result, seen[-1]
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -281,8 +305,8 @@ def test_stdit3_cache_attention_equals_the_obvious_computation(model, adapter, m
     sigma = float(FAST[2])
     call = _record_call(model, z, ys, mask, kw, sigma)
     run = _run(ChaiConfig(cache_steps=PAPER_STEPS, kv_mode=mode, apply_to=apply_to), donor, sigma)
+    _, got = _block0_attention_output(model, lambda: _chai(model, adapter, z, ys, mask, kw, sigma, run))
     with torch.no_grad():
-        got = adapter.replace_fn(run, (COND, UNCOND))(call)
         want = _obvious_block0_cache_attention(model, call, donor, mode, patched)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
     assert [(f.step, f.kind, f.index) for f in run.firings] == [(3, "spatial", 0)]
@@ -294,11 +318,11 @@ def test_donor_equal_to_live_latent_leaves_the_model_output_unchanged(model, ada
     sigma = float(FAST[1])
     plain = _forward(model, z, ys, mask, kw, sigma)
     run = _run(ChaiConfig(cache_steps=PAPER_STEPS, kv_mode=mode, apply_to="both"), z, sigma)
-    patched = _forward(model, z, ys, mask, kw, sigma, adapter.attn_replace(run))
+    patched = _chai(model, adapter, z, ys, mask, kw, sigma, run)
     assert run.fired_steps == (2,)
     torch.testing.assert_close(patched, plain, atol=1e-5, rtol=0)
     other = _run(ChaiConfig(cache_steps=PAPER_STEPS, kv_mode=mode, apply_to="both"), make_noise(SHAPE, seed=5), sigma)
-    changed = _forward(model, z, ys, mask, kw, sigma, adapter.attn_replace(other))
+    changed = _chai(model, adapter, z, ys, mask, kw, sigma, other)
     assert (changed - plain).abs().max() > 1e-3  # a different donor does change the output
 
 
@@ -308,17 +332,17 @@ def test_cond_only_versus_both_on_batched_cfg(model, adapter):
     donor = make_noise(SHAPE, seed=7)
     plain = _forward(model, z, ys, mask, kw, sigma)
     paper = ChaiConfig(cache_steps=PAPER_STEPS)
-    cond_only = _forward(model, z, ys, mask, kw, sigma, adapter.attn_replace(_run(paper, donor, sigma)))
-    both = _forward(model, z, ys, mask, kw, sigma,
-                    adapter.attn_replace(_run(ChaiConfig(cache_steps=PAPER_STEPS, apply_to="both"), donor, sigma)))
+    cond_only = _chai(model, adapter, z, ys, mask, kw, sigma, _run(paper, donor, sigma))
+    both = _chai(model, adapter, z, ys, mask, kw, sigma,
+                 _run(ChaiConfig(cache_steps=PAPER_STEPS, apply_to="both"), donor, sigma))
     assert torch.equal(cond_only[1], plain[1])  # the uncond half is untouched
     assert (cond_only[0] - plain[0]).abs().max() > 1e-3
     assert (both[1] - plain[1]).abs().max() > 1e-3
     torch.testing.assert_close(both[0], cond_only[0], atol=1e-5, rtol=0)  # rows are independent
     # split calls: a cond call attends to the donor, an uncond call does not unless apply_to == "both"
     run = _run(ChaiConfig(cache_steps=PAPER_STEPS), donor, sigma)
-    cond_call = _forward(model, z, ys[:1], mask[:1], _half(kw), sigma, adapter.attn_replace(run, (COND,)))
-    uncond_call = _forward(model, z, ys[1:], mask[1:], _half(kw), sigma, adapter.attn_replace(run, (UNCOND,)))
+    cond_call = _chai(model, adapter, z, ys[:1], mask[:1], _half(kw), sigma, run)
+    uncond_call = _chai(model, adapter, z, ys[1:], mask[1:], _half(kw), sigma, run, cond=ys[:1])
     torch.testing.assert_close(cond_call[0], cond_only[0], atol=1e-5, rtol=0)
     assert torch.equal(uncond_call, _forward(model, z, ys[1:], mask[1:], _half(kw), sigma))
     assert [f.rows for f in run.firings] == [5]  # the cond call's 5 frames only
@@ -333,48 +357,39 @@ def test_a_sigma_off_the_schedule_never_triggers(model, adapter):
     donor = make_noise(SHAPE, seed=7)
     run = _run(ChaiConfig(cache_steps=PAPER_STEPS, apply_to="both"), donor, float(FAST[1]))
     mid = math.sqrt(float(FAST[1]) * float(FAST[2]))
-    out = _forward(model, z, ys, mask, kw, mid, adapter.attn_replace(run))
+    out = _chai(model, adapter, z, ys, mask, kw, mid, run)
     assert torch.equal(out, _forward(model, z, ys, mask, kw, mid))
     assert run.evaluations == 1 and run.firings == []
 
 
-@pytest.mark.parametrize("batched", [True, False])
-def test_patch_fires_exactly_at_the_cache_steps_and_only_in_block_0(model, adapter, batched, monkeypatch):
+@pytest.mark.parametrize("batched, apply_to", [(True, "cond"), (False, "cond"), (False, "both")])
+def test_patch_fires_exactly_at_the_cache_steps_and_only_in_block_0(model, adapter, batched, apply_to):
     y, mask = toy_text_encode("a red fox in the snow")
     kw = opensora_model_kwargs(VIDEO.height, VIDEO.width, VIDEO.num_frames, 1, VIDEO.fps, mask)
     donors = DonorSet([Donor(float(FAST[k]), make_noise(SHAPE, seed=20 + k)) for k in (1, 2, 3)])
-    run = CacheAttentionRun(ChaiConfig(cache_steps=PAPER_STEPS), FAST, donors)
-    keys, calls, donor_kv = [], [], []
-    real_replace, real_donor_kv = adapter.attn_replace, adapter.donor_kv
-
-    def counting_replace(run_, layout, sigma=None):
-        mapping = real_replace(run_, layout, sigma)
-        keys.append(tuple(mapping))
-        fn = mapping[("spatial_attn", 0)]
-
-        def wrapped(call):
-            calls.append((call.kind, call.index))
-            return fn(call)
-
-        return {("spatial_attn", 0): wrapped}
-
-    def counting_donor_kv(donor, context):
-        donor_kv.append(donor)
-        return real_donor_kv(donor, context)
-
-    monkeypatch.setattr(adapter, "attn_replace", counting_replace)
-    monkeypatch.setattr(adapter, "donor_kv", counting_donor_kv)
-    patched = PatchedModel(model, adapter, run, y, batch=1)
-    sample(patched, make_noise(SHAPE, seed=1), y, model.null_caption(1), FAST, 7.0, None, kw, batched_cfg=batched)
+    run = CacheAttentionRun(ChaiConfig(cache_steps=PAPER_STEPS, apply_to=apply_to), FAST, donors)
+    inputs = []
+    handle = model.register_forward_pre_hook(lambda mod, args: inputs.append(args[0]))
+    try:
+        patched = PatchedModel(model, adapter, run, y, batch=1)
+        sample(patched, make_noise(SHAPE, seed=1), y, model.null_caption(1), FAST, 7.0, None, kw,
+               batched_cfg=batched)
+    finally:
+        handle.remove()
+    captures = [i for i, x in enumerate(inputs) if any(torch.equal(x[0], d.latent[0]) for d in donors.donors)]
     evaluations = 8 if batched else 16
-    assert len(calls) == evaluations and set(calls) == {("spatial", 0)}
-    assert all(k == (("spatial_attn", 0),) for k in keys)
+    # The live calls, plus one capture pass per cache step: split calls of a step share its donor K/V
+    # (run.donor_kv), and with apply_to="cond" the uncond call needs none.
+    assert len(inputs) == evaluations + 3 and len(captures) == 3
     assert run.fired_steps == (2, 3, 4)
-    assert len(run.firings) == 3  # cond-only: split uncond calls never fire
+    assert len(run.firings) == (6 if apply_to == "both" else 3)  # cond-only: split uncond calls never fire
     assert {(f.kind, f.index) for f in run.firings} == {("spatial", 0)}
-    assert len(donor_kv) == 3  # donor K/V once per cache step, shared by both CFG halves
-    # matched_sigma: each step got the donor taken at its own sigma
-    assert [id(d) for d in donor_kv] == [id(donors.donors[i].latent) for i in range(3)]
+    # matched_sigma: each step's capture pass ran on the donor taken at its own sigma
+    assert [next(i for i, d in enumerate(donors.donors) if torch.equal(inputs[c][0], d.latent[0])) for c in captures] \
+        == [0, 1, 2]
+    assert run._kv is not None  # the last step's donor K/V kept until the run is released
+    run.release()
+    assert run._kv is None
 
 
 def test_final_clean_donor_is_modulated_at_timestep_zero(model, adapter):
@@ -385,8 +400,8 @@ def test_final_clean_donor_is_modulated_at_timestep_zero(model, adapter):
     plan = run.plan_for(sigma)
     assert plan.modulation_sigma == 0.0 and plan.donor_sigma == 0.0
     call = _record_call(model, z, ys, mask, kw, sigma)
+    _, got = _block0_attention_output(model, lambda: _chai(model, adapter, z, ys, mask, kw, sigma, run))
     with torch.no_grad():
-        got = adapter.replace_fn(run, (COND, UNCOND))(call)
         _, t_mlp_zero = model.embed_timestep(0.0, call.info["fps"].reshape(-1)[:1], 1)
         want = _obvious_block0_cache_attention(model, call, donor, "replace", {0}, donor_t_mlp=t_mlp_zero[0])
         at_live_timestep = _obvious_block0_cache_attention(model, call, donor, "replace", {0})
@@ -399,7 +414,7 @@ def test_mismatched_donor_shape_is_a_clear_error(model, adapter):
     z, ys, mask, kw = _inputs()
     run = _run(ChaiConfig(cache_steps=PAPER_STEPS), make_noise((1, 4, 5, 8, 8), seed=1), float(FAST[1]))
     with pytest.raises(ValueError, match="same shape"):
-        _forward(model, z, ys, mask, kw, float(FAST[1]), adapter.attn_replace(run))
+        _chai(model, adapter, z, ys, mask, kw, float(FAST[1]), run)
 
 
 def test_unsupported_model_error_names_the_supported_families(model):
@@ -426,35 +441,36 @@ def test_fingerprint_tracks_weights_dtype_and_ids(model):
     assert model_fingerprint(model, weights_id="a", dtype=torch.bfloat16) != model_fingerprint(model, weights_id="a")
 
 
-def test_options_driven_patch_reads_layout_sigma_and_run_from_transformer_options(model, adapter):
-    z, ys, mask, kw = _inputs()
+def _comfy_executor(model):
+    """ComfyUI's APPLY_MODEL call shape (x, sigma, c_concat, c_crossattn, control, transformer_options) onto the
+    pack's ComfyUI forward of STDiT3 (timestep = 1000 * sigma), as BaseModel runs it."""
+
+    def apply_model(x, sigma, c_concat, c_crossattn, control, transformer_options, **extra):
+        with torch.no_grad():
+            return comfy_forward(model, x, sigma * 1000.0, c_crossattn, transformer_options)
+
+    return apply_model
+
+
+def test_the_wrapper_reads_layout_and_run_from_transformer_options_and_sigma_from_the_call(model, adapter):
+    z, ys, _, _ = _inputs()
     sigma = float(FAST[1])
     donor = make_noise(SHAPE, seed=7)
-    ys_swapped, mask_swapped = ys.flip(0), mask.flip(0)  # [uncond; cond], as ComfyUI may order the chunks
+    ys_swapped = ys.flip(0)  # [uncond; cond], as ComfyUI may order the chunks
     run = _run(ChaiConfig(cache_steps=PAPER_STEPS), donor, sigma)
-    options = {"cond_or_uncond": [UNCOND, COND], "sigmas": torch.tensor([sigma]), "chai_run": run}
-    fn = adapter.options_replace_fn()
-
-    def with_options(opts):
-        def call_fn(call):
-            call.info["transformer_options"] = opts
-            return fn(call)
-        return {("spatial_attn", 0): call_fn}
-
-    # the timestep says "not a cache step"; the options' sigma decides
-    n = ys.shape[0]
-    with torch.no_grad():
-        got = model(z.expand(n, *z.shape[1:]), torch.full((n,), 999.0), ys_swapped, mask=mask_swapped,
-                    attn_replace=with_options(options), **kw)
-        plain = model(z.expand(n, *z.shape[1:]), torch.full((n,), 999.0), ys_swapped, mask=mask_swapped, **kw)
+    options = with_block_patch({"cond_or_uncond": [UNCOND, COND], RUN_KEY: run}, adapter)
+    wrapper, execute = CacheAttentionWrapper(adapter), _comfy_executor(model)
+    x, t = z.expand(2, *z.shape[1:]), torch.full((2,), sigma)
+    got = wrapper(execute, x, t, None, ys_swapped, None, options)
+    plain = execute(x, t, None, ys_swapped, None, {})
     assert run.fired_steps == (2,) and [f.rows for f in run.firings] == [5]
     assert torch.equal(got[0], plain[0])  # the uncond chunk is untouched
     assert (got[1] - plain[1]).abs().max() > 1e-3
-    no_run = {"cond_or_uncond": [UNCOND, COND], "sigmas": torch.tensor([sigma])}
-    with torch.no_grad():
-        untouched = model(z.expand(n, *z.shape[1:]), torch.full((n,), 999.0), ys_swapped, mask=mask_swapped,
-                          attn_replace=with_options(no_run), **kw)
-    assert torch.equal(untouched, plain)
+    no_run = {k: v for k, v in options.items() if k != RUN_KEY}
+    assert torch.equal(wrapper(execute, x, t, None, ys_swapped, None, no_run), plain)
+    off_step = wrapper(execute, x, torch.full((2,), 0.999), None, ys_swapped, None, options)
+    assert torch.equal(off_step, execute(x, torch.full((2,), 0.999), None, ys_swapped, None, {}))
+    assert run.fired_steps == (2,) and len(run.firings) == 1
 
 
 def test_options_sigma_reads_the_first_sigma_of_tensors_and_sequences():
@@ -466,37 +482,34 @@ def test_options_sigma_reads_the_first_sigma_of_tensors_and_sequences():
     assert options_sigma({"sigmas": torch.tensor([])}) is None
 
 
-def test_comfy_install_chains_another_packs_block_0_patch_and_never_stacks_itself(model, adapter):
-    z, ys, mask, kw = _inputs()
+def test_comfy_install_chains_another_packs_block_0_attention_patch_and_never_stacks_itself(model, adapter):
+    z, ys, _, _ = _inputs()
     sigma = float(FAST[1])
     seen = []
 
-    def theirs(call):  # another pack's patch of the slot: it attends (here: plainly) and counts
+    def theirs(call):  # another pack's ("spatial_attn", 0) patch: it attends (here: plainly) and counts
         seen.append(call.k.clone())
         return call.block.attn.attend(call.q, call.k, call.v)
 
     patcher = hd.PatcherDouble(hd.BaseModelDouble(hd.SecretDiT()))
     patcher.set_model_patch_replace(theirs, "dit", "spatial_attn", 0)
     adapter.comfy_install(patcher)
-    adapter.comfy_install(patcher)  # twice: replaces ours, theirs stays underneath once
-    ours = patcher.model_options["transformer_options"]["patches_replace"]["dit"][("spatial_attn", 0)]
-    assert ours.chai_previous is theirs
+    adapter.comfy_install(patcher)  # twice: replaces ours, one wrapper
+    group = patcher.model_options["transformer_options"]["patches_replace"]["dit"]
+    assert group[("spatial_attn", 0)] is theirs and group[("spatial_block", 0)].previous is None
+    (wrapper,) = patcher.wrappers["apply_model"]["chai_cache_attention"]
     donor = make_noise(SHAPE, seed=7)
     run = _run(ChaiConfig(cache_steps=PAPER_STEPS, apply_to="both"), donor, sigma)
-
-    def with_options(opts):
-        def call_fn(call):
-            call.info["transformer_options"] = opts
-            return ours(call)
-        return {("spatial_attn", 0): call_fn}
-
-    at_cache_step = {"cond_or_uncond": [COND, UNCOND], "sigmas": torch.tensor([sigma]), "chai_run": run}
-    for options, fires in (({"sigmas": torch.tensor([0.999])}, False), (at_cache_step, True)):
+    execute = _comfy_executor(model)
+    x = z.expand(2, *z.shape[1:])
+    at_cache_step = {**patcher.model_options["transformer_options"], "cond_or_uncond": [COND, UNCOND], RUN_KEY: run}
+    for options, t, fires in ((at_cache_step, 0.999, False), (at_cache_step, sigma, True)):
         seen.clear()
-        got = _forward(model, z, ys, mask, kw, sigma, with_options(options))
-        assert len(seen) == 1
+        got = wrapper(execute, x, torch.full((2,), t), None, ys, None, options)
+        assert len(seen) == 1  # the capture pass stops before any attention runs
         if not fires:
-            assert torch.equal(got, _forward(model, z, ys, mask, kw, sigma))
+            plain = execute(x, torch.full((2,), t), None, ys, None, {})
+            assert torch.equal(got, plain)
     # At the cache step their patch attended with the donor's keys, not the live ones.
     assert run.fired_steps == (2,)
     plain_k = []
@@ -505,5 +518,5 @@ def test_comfy_install_chains_another_packs_block_0_patch_and_never_stacks_itsel
         plain_k.append(call.k)
         return call.block.attn.attend(call.q, call.k, call.v)
 
-    _forward(model, z, ys, mask, kw, sigma, {("spatial_attn", 0): spy})
+    execute(x, torch.full((2,), sigma), None, ys, None, {"patches_replace": {"dit": {("spatial_attn", 0): spy}}})
     assert seen[0].shape == plain_k[0].shape and not torch.equal(seen[0], plain_k[0])

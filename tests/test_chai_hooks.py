@@ -183,7 +183,7 @@ def test_capture_pass_skips_other_diffusion_model_wrappers_but_the_live_pass_kee
     assert len(calls) == 1
 
 
-def test_install_touches_only_the_clone_survives_clone_and_uninstall_restores(setup):
+def test_install_touches_only_the_clone_survives_clone_and_never_stacks(setup):
     patcher, x, donor, cond, _ = setup
 
     def theirs(args, extra):
@@ -192,7 +192,7 @@ def test_install_touches_only_the_clone_survives_clone_and_uninstall_restores(se
     base = patcher.clone()
     base.set_model_patch_replace(theirs, "dit", "double_block", 0)
     clone = base.clone()
-    done = hooks.install(clone, Adapter())
+    assert hooks.install(clone, Adapter()) is None
     assert base.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)] is theirs
     assert base.wrappers == {}
     patch = clone.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)]
@@ -203,12 +203,25 @@ def test_install_touches_only_the_clone_survives_clone_and_uninstall_restores(se
     run = make_run(donor)
     again.evaluate(x, float(SIGMAS[1]), cond, [0], chai_run=run)
     assert run.fired_steps == (2,)
-    hooks.uninstall(clone, done)
-    assert clone.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)] is theirs
-    assert clone.wrappers.get("apply_model", {}) == {}
-    fresh = patcher.clone()
-    hooks.uninstall(fresh, hooks.install(fresh, Adapter()))
-    assert ("double_block", 0) not in fresh.model_options["transformer_options"]["patches_replace"]["dit"]
+    hooks.install(clone, Adapter())  # twice: ours replaced, theirs still underneath once, one wrapper
+    patch = clone.model_options["transformer_options"]["patches_replace"]["dit"][("double_block", 0)]
+    assert isinstance(patch, hooks.BlockPatch) and patch.previous is theirs
+    assert [len(w) for w in clone.wrappers["apply_model"].values()] == [1]
+
+
+def test_with_block_patch_fills_a_plain_options_dict_without_changing_it(setup):
+    def theirs(args, extra):
+        return extra["original_block"](args)
+
+    options = {"patches_replace": {"dit": {("double_block", 0): theirs, ("double_block", 1): theirs}}, "k": 1}
+    patched = hooks.with_block_patch(options, Adapter())
+    assert options["patches_replace"]["dit"][("double_block", 0)] is theirs  # the input is not changed
+    ours = patched["patches_replace"]["dit"][("double_block", 0)]
+    assert isinstance(ours, hooks.BlockPatch) and ours.previous is theirs
+    assert patched["patches_replace"]["dit"][("double_block", 1)] is theirs and patched["k"] == 1
+    twice = hooks.with_block_patch(patched, Adapter())["patches_replace"]["dit"][("double_block", 0)]
+    assert twice.previous is theirs  # never stacked on itself
+    assert hooks.with_block_patch({}, Adapter())["patches_replace"]["dit"][("double_block", 0)].previous is None
 
 
 def test_a_donor_of_another_shape_is_refused_before_the_model_runs(setup):

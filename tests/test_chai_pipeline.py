@@ -7,7 +7,7 @@ import torch
 
 from comfyui_chai.chai_attention.adapters import UnsupportedModelError
 from comfyui_chai.chai_attention.config import ChaiConfig
-from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline
 from chai_helpers import VIDEO, tiny_stdit3, toy_text_encode
 from comfyui_chai.opensora.schedule import opensora_sigmas
 

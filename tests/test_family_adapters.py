@@ -73,6 +73,40 @@ def test_registry_tells_the_families_apart_by_structure():
         get_adapter(hunyuan_like(refiner=False))
 
 
+def test_a_family_is_one_registered_module_and_every_family_is_a_hook_adapter(monkeypatch):
+    from comfyui_chai.chai_attention import adapters, hooks
+    from comfyui_chai.chai_attention.adapters import registry
+
+    assert [c.family for c in registry.adapter_classes()] == ["stdit3", "wan", "hunyuan_video", "ltxv"]
+    assert all(issubclass(c, hooks.HookAdapter) for c in registry.adapter_classes())
+    monkeypatch.setattr(registry, "_REGISTERED", dict(registry._REGISTERED))
+
+    class LinearAdapter(adapters.ModelAdapter):  # a new family: recognise and the hook declarations
+        family, description = "linear", "a plain Linear layer"
+        block_key = ("double_block", 3)
+
+        @classmethod
+        def recognise(cls, model: Any) -> bool:
+            return isinstance(model, nn.Linear)
+
+    assert adapters.register_adapter(LinearAdapter) is LinearAdapter
+    adapter = adapters.get_adapter(nn.Linear(2, 2))
+    assert isinstance(adapter, LinearAdapter) and "linear (a plain Linear layer)" in adapters.supported_families()
+    assert isinstance(get_adapter(ltxv_like()), LTXVAdapter)  # the built-ins are still asked first
+    with pytest.raises(ValueError, match="no family name"):
+        adapters.register_adapter(type("Nameless", (LinearAdapter,), {"family": ""}))
+
+
+def test_the_adapter_base_and_registry_import_no_family_module():
+    import grimp
+
+    graph = grimp.build_graph("comfyui_chai")
+    package = "comfyui_chai.chai_attention.adapters"
+    families = {f"{package}.{name}" for name in ("stdit3", "wan", "hunyuan_video", "ltxv")}
+    for module in (f"{package}.base", f"{package}.registry", "comfyui_chai.chai_attention.hooks"):
+        assert not {m for m in families if graph.chain_exists(importer=module, imported=m)}, module
+
+
 @pytest.mark.parametrize("variant, reason", [
     (dict(in_channels=33), "33 channels for a 16-channel latent"),
     (dict(vector_in=False), "no CLIP-L pooled-text input"),

@@ -27,12 +27,15 @@ from comfyui_chai.opensora.loading import (
     save_stdit3,
 )
 from comfyui_chai.opensora.stdit3 import (
+    SPATIAL_BLOCK,
+    TEMPORAL_BLOCK,
     STDiT3,
     STDiT3Config,
     SelfAttnCall,
     apply_rope,
     rope_cos_sin,
     rope_frequencies,
+    sdpa_attention,
     sincos_pos_embed_2d,
 )
 
@@ -520,6 +523,61 @@ def test_attention_replace_hook_and_cache_style_kv(tiny: STDiT3) -> None:
     assert seen[0].block is tiny.spatial_blocks[0]
     assert seen[0].q.shape == (2 * 3, 4, 9, 16)  # (B*T, heads, S, head_dim); S = 3x3 patches of a 5x6 latent
     assert seen[0].x_mod.shape == (2, 3 * 9, 64) and seen[0].rope is None
+
+
+def test_block_patches_follow_comfyuis_dit_contract(tiny: STDiT3) -> None:
+    """patches_replace["dit"][("spatial_block", i)] replaces block i: called with the block's arguments and
+    {"original_block": fn}; the block's output is the returned dict's "x"."""
+    x, ts, y, mask = make_inputs()
+    seen: list[dict] = []
+
+    def passthrough(args: dict, extra: dict) -> dict:
+        seen.append(args)
+        return extra["original_block"](args)
+
+    def zero_out(args: dict, extra: dict) -> dict:
+        return {"x": torch.zeros_like(extra["original_block"](args)["x"])}
+
+    def options(patch, key=(SPATIAL_BLOCK, 1)):
+        return {"patches_replace": {"dit": {key: patch}}, "mine": 1}
+
+    with torch.no_grad():
+        plain = tiny(x, ts, y, mask)
+        patched = tiny(x, ts, y, mask, transformer_options=options(passthrough))
+        zeroed = tiny(x, ts, y, mask, transformer_options=options(zero_out))
+        temporal = tiny(x, ts, y, mask, transformer_options=options(zero_out, (TEMPORAL_BLOCK, 0)))
+        foreign = tiny(x, ts, y, mask, transformer_options=options(zero_out, ("double_block", 0)))
+    assert torch.equal(patched, plain) and torch.equal(foreign, plain)
+    assert not torch.allclose(zeroed, plain, atol=1e-4) and not torch.allclose(temporal, zeroed, atol=1e-4)
+    assert len(seen) == 1 and {"x", "y", "t_mlp", "y_mask", "T", "S", "rope", "transformer_options"} <= set(seen[0])
+    assert seen[0]["transformer_options"]["mine"] == 1 and seen[0]["x"].shape == (2, 3 * 9, 64)
+
+
+def test_self_attention_calls_comfyuis_attention_override(tiny: STDiT3) -> None:
+    """optimized_attention_override(func, q, k, v, heads, skip_reshape=True, ...) in every self-attention that
+    gets it; func is softmax attention with ComfyUI's contract, and the override may change the keys/values."""
+    x, ts, y, mask = make_inputs()
+    calls: list[tuple] = []
+
+    def identity(func, q, k, v, heads, **kwargs):
+        calls.append((q.shape, heads, kwargs.get("skip_reshape")))
+        return func(q, k, v, heads, **kwargs)
+
+    def own_keys_of_row_0(func, q, k, v, heads, **kwargs):
+        return func(q, k[:1].expand_as(k), v[:1].expand_as(v), heads, **kwargs)
+
+    with torch.no_grad():
+        plain = tiny(x, ts, y, mask)
+        hooked = tiny(x, ts, y, mask, transformer_options={"optimized_attention_override": identity})
+        swapped = tiny(x, ts, y, mask, transformer_options={"optimized_attention_override": own_keys_of_row_0})
+    assert torch.equal(hooked, plain)
+    assert not torch.allclose(swapped, plain, atol=1e-4)
+    assert len(calls) == 2 * len(tiny.spatial_blocks)  # spatial and temporal self-attentions; no cross-attention
+    assert calls[0] == ((2 * 3, 4, 9, 16), 4, True)  # spatial: [(B*T), heads, S, head_dim]
+    q = torch.randn(2, 5, 8)
+    torch.testing.assert_close(sdpa_attention(q, q, q, 2), sdpa_attention(
+        q.view(2, 5, 2, 4).transpose(1, 2), q.view(2, 5, 2, 4).transpose(1, 2), q.view(2, 5, 2, 4).transpose(1, 2), 2,
+        skip_reshape=True))
 
 
 # ---------------------------------------------------------------------------------------------- loading

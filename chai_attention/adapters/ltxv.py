@@ -13,7 +13,6 @@ from torch import Tensor, nn
 
 from ..attention_call import DonorKV
 from ..conditioning import conditioning_keys
-from ..hooks import HookAdapter
 from ..run import CacheAttentionRun
 from .base import ModelAdapter
 from .video_latents import check_video_donors, has_modules
@@ -32,7 +31,7 @@ def refuse_per_token_timesteps(found: Sequence[str]) -> None:
                          "supports LTXV text-to-video only")
 
 
-class LTXVAdapter(HookAdapter, ModelAdapter):
+class LTXVAdapter(ModelAdapter):
     """LTX-Video: block 0 is `transformer_blocks[0]`; its first attention call is the self-attention `attn1`."""
 
     family = "ltxv"
@@ -52,14 +51,6 @@ class LTXVAdapter(HookAdapter, ModelAdapter):
         return (isinstance(blocks, nn.ModuleList) and len(blocks) > 0
                 and has_modules(blocks[0], ("attn1", "attn2", "ff"))
                 and isinstance(getattr(blocks[0], "scale_shift_table", None), Tensor))
-
-    def first_block(self) -> nn.Module:
-        """`transformer_blocks[0]`."""
-        return self.model.transformer_blocks[0]
-
-    def block_self_attention(self) -> nn.Module:
-        """`transformer_blocks[0].attn1`."""
-        return self.first_block().attn1
 
     def latent_channels(self) -> int:
         """Channels of the latent the patch projection takes (LTXV patches are one latent voxel)."""

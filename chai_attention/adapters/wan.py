@@ -13,7 +13,6 @@ from typing import Any, Sequence
 
 from torch import Tensor, nn
 
-from ..hooks import HookAdapter
 from ..run import CacheAttentionRun
 from .base import ModelAdapter, UnsupportedModelError
 from .video_latents import check_video_donors, has_modules
@@ -33,7 +32,7 @@ SUPPORTED_TEXT = ("Wan 2.1 T2V (1.3B, 14B) and I2V / FLF2V (14B), Wan 2.2 T2V an
 IMAGE_CHANNELS = 20  # Wan image-to-video input: the latent plus a 4-channel mask and a 16-channel image latent
 
 
-class WanAdapter(HookAdapter, ModelAdapter):
+class WanAdapter(ModelAdapter):
     """ComfyUI's Wan 2.1 / 2.2: the hooked attention is block 0's first one, `blocks[0].self_attn`."""
 
     family = "wan"
@@ -87,14 +86,6 @@ class WanAdapter(HookAdapter, ModelAdapter):
     def latent_channels(self) -> int:
         """Channels of the latent the sampler works on (the model's output channels)."""
         return int(getattr(self.model, "out_dim", None) or self.model.patch_embedding.in_channels)
-
-    def first_block(self) -> nn.Module:
-        """`blocks[0]`."""
-        return self.model.blocks[0]
-
-    def block_self_attention(self) -> nn.Module:
-        """`blocks[0].self_attn`."""
-        return self.first_block().self_attn
 
     def check_run(self, run: CacheAttentionRun, latent_shape: Sequence[int] | None = None) -> None:
         """Donors must be [C, T, H, W] / [B, C, T, H, W] latents of the model's channels and, when the sampled

@@ -299,7 +299,7 @@ def test_miss_then_hit_on_a_shared_entity_and_the_hit_equals_the_reference(comfy
     run_mod = comfy.pack_module("chai_attention.run")
     config = comfy.pack_module("chai_attention.config").ChaiConfig(cache_steps=(2, 3, 4))
     adapter = comfy.pack_module("chai_attention.adapters").get_adapter(env["reference"])
-    pipeline = comfy.pack_module("chai_attention.pipeline")
+    pipeline = comfy.pack_module("chai_attention.torch_pipeline")
     sampler = comfy.pack_module("opensora.sampler")
     from comfy import sample as comfy_sample
 
@@ -349,10 +349,10 @@ def test_plain_ksampler_is_bit_identical_after_chai_also_after_an_exception_and_
 
     adapter_mod = comfy.pack_module("chai_attention.adapters.stdit3")
 
-    def broken(self, donor, context):
+    def broken(self, donor, live_block_args):
         raise RuntimeError("boom inside the Cache Attention patch")
 
-    monkeypatch.setattr(adapter_mod.STDiT3Adapter, "donor_kv", broken)
+    monkeypatch.setattr(adapter_mod.STDiT3Adapter, "check_donor", broken)
     failed = comfy.run(chai_graph("t2-restore", DOG_BALL, seed=SEED + 1, key="r2"))
     assert failed.valid and not failed.success
     assert "boom inside the Cache Attention patch" in failed.error["exception_message"]

@@ -176,8 +176,8 @@ def test_registry_picks_the_family_adapters_for_models_comfyui_loaded_and_refuse
     assert type(ltxv.model).__name__ == "LTXV" and type(ltxv.model.latent_format).__name__ == "LTXV"
     hv_adapter, ltxv_adapter = adapters.get_adapter(hv), adapters.get_adapter(ltxv)
     assert (hv_adapter.family, ltxv_adapter.family) == ("hunyuan_video", "ltxv")
-    assert hv_adapter.block_self_attention() is hv.model.diffusion_model.double_blocks[0].img_attn
-    assert ltxv_adapter.block_self_attention() is ltxv.model.diffusion_model.transformer_blocks[0].attn1
+    assert hv_adapter.model is hv.model.diffusion_model and ltxv_adapter.model is ltxv.model.diffusion_model
+    assert (hv_adapter.block_key, ltxv_adapter.block_key) == (("double_block", 0), ("double_block", 0))
     families = adapters.supported_families()
     assert any(f.startswith("hunyuan_video (") for f in families) and any(f.startswith("ltxv (") for f in families)
     # HunyuanVideo I2V (the image concatenated to the latent: 33 input channels) is refused with the reason.

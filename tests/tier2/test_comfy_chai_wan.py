@@ -145,7 +145,7 @@ def test_registry_picks_wan_for_comfy_wan21_and_wan22_and_refuses_other_variants
         adapter = adapters.get_adapter(patcher)
         assert isinstance(adapter, wan_mod.WanAdapter)
         assert adapter.model is patcher.model.diffusion_model
-        assert adapter.block_self_attention() is patcher.model.diffusion_model.blocks[0].self_attn
+        assert adapter.block_key == ("double_block", 0) and adapter.attention_index == 0  # blocks[0].self_attn
     assert any(f.startswith("wan (Wan 2.1 / 2.2") for f in adapters.supported_families())
     i2v = _tiny_wan(wan, comfy.ops, 16, layers=1, model_type="i2v", in_dim=36)  # accepted: image channels
     assert isinstance(adapters.get_adapter(i2v), wan_mod.WanAdapter)

@@ -4,6 +4,10 @@ A miss samples the full schedule and keeps the donor latents the fast schedule's
 stores them; a hit samples the fast schedule with Cache Attention at the cache steps, fed by the donor's
 latents (the lookup already refreshed the donor's recency; fast runs store nothing). CFG follows the reference
 sampler: batched calls carry [cond; uncond] in that order, split calls are told apart by their text tensor.
+
+Cache Attention runs through the one mechanism every family uses (chai_attention.hooks): each model call goes
+through `CacheAttentionWrapper` with a trivial executor that calls the model with transformer_options carrying
+the run and the adapter's block patch, as ComfyUI would.
 """
 from __future__ import annotations
 
@@ -16,13 +20,15 @@ from torch import Tensor
 
 from ..opensora import sampler as opensora_sampler
 from ..opensora import schedule as opensora_schedule
-from .adapters.base import get_adapter
+from .adapters import get_adapter
 from .cache_io import lookup_hit, write_trace
 from .config import ChaiConfig
+from .constants import RUN_KEY, TIMESTEP_SCALE
 from .donors import DonorCapture, DonorSet
+from .hooks import CacheAttentionWrapper, HookAdapter, with_block_patch
 from .identity import model_fingerprint
-from .request import finish_fast, finish_full, plan_request, trace_for
 from .payloads import ChaiReport, PromptEntities
+from .request import finish_fast, finish_full, plan_request, trace_for
 from .run import BATCHED_CFG, COND, UNCOND, CacheAttentionRun
 from .steps import as_sigmas
 
@@ -51,12 +57,17 @@ def _same_tensor(a: Tensor, b: Tensor) -> bool:
 
 
 class PatchedModel:
-    """Model callable for the reference sampler that adds the adapter's Cache Attention to every call."""
+    """Model callable for the reference sampler that runs every call through the Cache Attention wrapper.
 
-    def __init__(self, model: Any, adapter: Any, run: CacheAttentionRun, cond: Tensor, batch: int) -> None:
-        if not adapter.pure_torch:
-            raise TypeError(f"the {adapter.family} adapter has no attn_replace hook for the pure-torch pipeline")
+    The model must take `transformer_options` and honour the block patch and the attention override there (see
+    chai_attention.hooks; the pack's STDiT3 does). The wrapper gets ComfyUI's APPLY_MODEL call shape: (x, sigma,
+    c_concat, c_crossattn = the text, control, transformer_options, **the model's other inputs).
+    """
+
+    def __init__(self, model: Any, adapter: HookAdapter, run: CacheAttentionRun, cond: Tensor, batch: int) -> None:
         self.model, self.adapter, self.run, self.cond, self.batch = model, adapter, run, cond, batch
+        self.wrapper = CacheAttentionWrapper(adapter, RUN_KEY)
+        self.options = with_block_patch({}, adapter)
 
     def layout(self, x: Tensor, y: Tensor) -> tuple[int, ...]:
         """cond_or_uncond of a call: [cond; uncond] when batched, else cond or uncond by the text tensor."""
@@ -67,10 +78,18 @@ class PatchedModel:
             return BATCHED_CFG
         return (COND,) if _same_tensor(y, self.cond) else (UNCOND,)
 
+    def _apply_model(self, x: Tensor, sigma: Tensor, c_concat: Any, c_crossattn: Tensor, control: Any,
+                     transformer_options: dict, **kwargs: Any) -> Tensor:
+        """The trivial executor: the model called with timestep = 1000 * sigma and the text as y."""
+        # sigma is float64 (timestep / 1000): back to the float32 timestep bit for bit.
+        timestep = (sigma * TIMESTEP_SCALE).to(torch.float32)
+        return self.model(x, timestep, c_crossattn, transformer_options=transformer_options, **kwargs)
+
     def __call__(self, x: Tensor, timestep: Any, y: Tensor, **kwargs: Any) -> Tensor:
-        """Forward with block 0's self-attention replaced by the run's Cache Attention."""
-        replace = self.adapter.attn_replace(self.run, self.layout(x, y))
-        return self.model(x, timestep, y, attn_replace=replace, **kwargs)
+        """Forward with the run's Cache Attention at its cache steps."""
+        options = {**self.options, RUN_KEY: self.run, "cond_or_uncond": list(self.layout(x, y))}
+        sigma = torch.as_tensor(timestep, device=x.device).to(torch.float64) / TIMESTEP_SCALE
+        return self.wrapper(self._apply_model, x, sigma, None, y, None, options, **kwargs)
 
 
 class ChaiPipeline:
