@@ -269,7 +269,7 @@ class CacheAttentionWrapper:
         if not isinstance(run, CacheAttentionRun):
             return executor(*args, **kwargs)
         self.adapter.check_call(kwargs)
-        x, t = args[0], args[1]
+        t = args[1]
         sigma = first_value(t)
         plan = run.plan_for(sigma) if sigma is not None else None
         if plan is None:

@@ -1,7 +1,7 @@
 """The one Cache Attention K/V math, independent of the model family: the K/V combine and the CFG row mask.
 
 `combine_kv` and `chunk_row_mask` serve every family (chai_attention.hooks calls them inside the hooked attention);
-`cache_attention` (with its lab-only `strength` blend) serves the quality lab alone, never the product.
+the quality lab's weaker borrowing (`lab.lab.borrowed_attention`) builds on them.
 
 Layout: q, k, v are [R, heads, N, head_dim], R rows of independent attention (for STDiT3 spatial blocks one row
 per (sample, frame); for a full 3-D attention such as Wan's, one row per sample). Donor keys and values come in
@@ -11,14 +11,12 @@ batch of one serving every sample and CFG half).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from .config import KV_MODES
-
-Attend = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 def tile_rows(t: Tensor, rows: int) -> Tensor:
@@ -60,33 +58,3 @@ def chunk_row_mask(flags: Sequence[bool], rows: int, device: torch.device | str 
     if n == 0 or rows % n:
         raise ValueError(f"{rows} attention rows cannot be split into {n} CFG chunks")
     return torch.tensor([bool(f) for f in flags], device=device).repeat_interleave(rows // n)
-
-
-def cache_attention(q: Tensor, k: Tensor, v: Tensor, k_donor: Tensor, v_donor: Tensor, attend: Attend, *,
-                    mode: str = "replace", rows: Tensor | None = None, strength: float = 1.0) -> Tensor:
-    """attend(q, K, V) where rows marked in `rows` (bool [R], None = all) use the donor's K/V per `mode`.
-
-    `attend` is the block's own attention plus output projection; unmarked rows attend to their own k/v exactly
-    as the unpatched block would. Donor K/V rows are tiled over the marked rows (see the module docstring).
-    `strength` in [0, 1] blends the marked rows' outputs: own + strength * (borrowed - own); 1 is the paper's.
-    """
-    if not 0.0 <= float(strength) <= 1.0:
-        raise ValueError(f"Cache Attention strength must lie in [0, 1], got {strength!r}")
-    every = rows is None or bool(rows.all())
-    if every and strength == 1.0:  # the product's path: no masks, no extra attention
-        return attend(q, *combine_kv(k, v, k_donor, v_donor, mode))
-    rows = torch.ones(q.shape[0], dtype=torch.bool, device=q.device) if rows is None else rows.to(q.device)
-    if not bool(rows.any()) or strength == 0.0:
-        return attend(q, k, v)
-    patched = attend(q[rows], *combine_kv(k[rows], v[rows], k_donor, v_donor, mode))
-    if strength != 1.0:
-        own_marked = attend(q[rows], k[rows], v[rows]).to(patched.dtype)
-        patched = own_marked + float(strength) * (patched - own_marked)
-    if every:
-        return patched
-    live = ~rows
-    own = attend(q[live], k[live], v[live])
-    out = patched.new_empty((q.shape[0], *patched.shape[1:]))
-    out[rows] = patched
-    out[live] = own.to(patched.dtype)
-    return out

@@ -10,7 +10,6 @@ large to run here.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 

@@ -12,7 +12,7 @@ from comfyui_chai.chai_attention.adapters.stdit3 import STDiT3Adapter
 from comfyui_chai.chai_attention.config import ChaiConfig, parse_cache_steps
 from comfyui_chai.chai_attention.donors import Donor, DonorCapture, DonorSet
 from comfyui_chai.chai_attention.identity import model_fingerprint
-from comfyui_chai.chai_attention.kv import cache_attention, chunk_row_mask, combine_kv
+from comfyui_chai.chai_attention.kv import chunk_row_mask, combine_kv
 from comfyui_chai.chai_attention.constants import RUN_KEY
 from comfyui_chai.chai_attention.hooks import CacheAttentionWrapper, with_block_patch
 from comfyui_chai.chai_attention.torch_pipeline import PatchedModel
@@ -205,18 +205,15 @@ def _obvious_attention(q, k, v):
 
 
 @pytest.mark.parametrize("mode", ["replace", "concat"])
-def test_cache_attention_kernel_equals_the_obvious_computation(mode):
+def test_combine_kv_and_the_row_mask_equal_the_obvious_computation(mode):
     gen = torch.Generator().manual_seed(0)
     rows, heads, n, d = 6, 2, 5, 4
     q, k, v = (torch.randn(rows, heads, n, d, generator=gen) for _ in range(3))
     kd, vd = (torch.randn(3, heads, 7, d, generator=gen) for _ in range(2))  # 3 donor frames, tiled to 6 rows
     mask = chunk_row_mask([True, False], rows)
     assert mask.tolist() == [True] * 3 + [False] * 3
-
-    def attend(q_, k_, v_):
-        return F.scaled_dot_product_attention(q_, k_, v_)
-
-    out = cache_attention(q, k, v, kd, vd, attend, mode=mode, rows=mask)
+    out = F.scaled_dot_product_attention(q, k, v)
+    out[mask] = F.scaled_dot_product_attention(q[mask], *combine_kv(k[mask], v[mask], kd, vd, mode))
     for r in range(rows):
         if r < 3:
             kk, vv = (kd[r], vd[r]) if mode == "replace" else (torch.cat([k[r], kd[r]], 1), torch.cat([v[r], vd[r]], 1))
@@ -227,27 +224,6 @@ def test_cache_attention_kernel_equals_the_obvious_computation(mode):
         combine_kv(k, v, torch.zeros(4, heads, 7, d), torch.zeros(4, heads, 7, d))
     with pytest.raises(ValueError, match="K/V mode"):
         combine_kv(k, v, kd, vd, "add")
-
-
-@pytest.mark.parametrize("strength", [0.0, 0.25, 1.0])
-@pytest.mark.parametrize("all_rows", [False, True])
-def test_cache_attention_strength_blends_only_the_marked_rows(strength, all_rows):
-    gen = torch.Generator().manual_seed(1)
-    rows, heads, n, d = 4, 2, 5, 4
-    q, k, v = (torch.randn(rows, heads, n, d, generator=gen) for _ in range(3))
-    kd, vd = (torch.randn(2, heads, 5, d, generator=gen) for _ in range(2))
-    mask = None if all_rows else chunk_row_mask([True, False], rows)
-    out = cache_attention(q, k, v, kd, vd, F.scaled_dot_product_attention, rows=mask, strength=strength)
-    for r in range(rows):
-        own = _obvious_attention(q[r], k[r], v[r])
-        if all_rows or r < 2:
-            borrowed = _obvious_attention(q[r], kd[r % 2], vd[r % 2])
-            want = own + strength * (borrowed - own)
-        else:
-            want = own
-        torch.testing.assert_close(out[r], want, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="strength must lie in"):
-        cache_attention(q, k, v, kd, vd, F.scaled_dot_product_attention, strength=1.5)
 
 
 def _record_call(model, z, ys, mask, kw, sigma):

@@ -372,7 +372,7 @@ def test_final_clean_donor_is_modulated_through_the_models_own_time_embedding(en
 
 
 def test_wan22_5b_text_to_video_and_per_frame_timesteps(env):
-    p22, wan_mod, sigma = env["p22"], env["wan_mod"], float(env["sigmas"][1])
+    p22, sigma = env["p22"], float(env["sigmas"][1])
     gen = torch.Generator().manual_seed(13)
     x, donor = torch.randn(SHAPE_22, generator=gen), torch.randn(SHAPE_22, generator=gen)
     vecs: list[tuple[int, ...]] = []
