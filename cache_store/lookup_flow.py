@@ -13,9 +13,8 @@ from . import ranking
 from .errors import CacheEntryError
 from .hit_rule import HitRule
 from .index_sync import IndexKeeper
-from .manifest import shape_key
 from .roles import ROLES, SCENE
-from .types import EmbeddedEntities, EntryInfo, LookupResult
+from .types import EmbeddedEntities, EntryInfo, LookupResult, shape_key
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from .errors import CacheError
 from .index import IndexLoadError, VectorIndex
 from .index_sync import INDEX_STATE, ManifestLog
 from .layout import INDEX_DIR, LATENT_DIR
-from .manifest import MANIFEST_NAME, Manifest, shape_key
+from .manifest import MANIFEST_NAME, Manifest
 from .naming import is_entry_file_name
 from .recovery import adopt_unlisted, quarantine, rebuild_manifest, sweep_temporaries
 from .rows import delete_entries, recount_bytes, victims
-from .types import VerifyReport
+from .types import VerifyReport, shape_key
 from .validate import UNIT_TOLERANCE
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -100,9 +100,6 @@ def _v1_to_v2(cur: sqlite3.Cursor) -> None:
 # Migrations from older on-disk formats: {from_version: callable(cursor)}. Version 1 is the first release.
 _MIGRATIONS: dict[int, object] = {1: _v1_to_v2}
 
-LOG_KEEP = 200_000  # index_log rows kept for other processes to catch up; older readers rebuild instead
-
-
 def _entry_from_row(row: sqlite3.Row, entities: Sequence[str] = ()) -> EntryInfo:
     return EntryInfo(
         id=row["id"], prompt=row["prompt"], entities=tuple(entities), fingerprint=row["fingerprint"],
@@ -110,11 +107,6 @@ def _entry_from_row(row: sqlite3.Row, entities: Sequence[str] = ()) -> EntryInfo
         sigmas=tuple(json.loads(row["sigmas"])), tensors=tuple(json.loads(row["tensors"])),
         created=row["created"], last_used=row["last_used"], hits=row["hits"], file=row["file"],
     )
-
-
-def shape_key(shape: Sequence[int]) -> str:
-    """Canonical text of a latent shape, as stored and compared."""
-    return json.dumps([int(s) for s in shape])
 
 
 class Manifest:

@@ -9,11 +9,10 @@ import numpy as np
 
 from . import latents as lat
 from .errors import CacheError
-from .manifest import shape_key
 from .pg_db import PgDb
 from .pg_rows import State, delete_entries, recount_bytes
 from .pg_schema import SCHEMA_VERSION
-from .types import VerifyReport
+from .types import VerifyReport, shape_key
 from .validate import UNIT_TOLERANCE, record_from_file
 
 if TYPE_CHECKING:  # pragma: no cover

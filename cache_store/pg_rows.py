@@ -16,7 +16,7 @@ import numpy as np
 
 from .config import POLICIES
 from .errors import EmbedderMismatchError
-from .manifest import LOG_KEEP, shape_key
+from .types import LOG_KEEP, shape_key
 from .validate import EntryRecord
 
 LOG_COMPACT_EVERY = 1000  # sequence numbers between two compactions of the change log (keeping LOG_KEEP rows)

@@ -7,9 +7,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .hit_rule import HitRule, matched_role
-from .manifest import shape_key
 from .roles import SCENE
-from .types import EmbeddedEntities, Match
+from .types import EmbeddedEntities, Match, shape_key
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable

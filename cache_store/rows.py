@@ -9,7 +9,8 @@ from typing import Sequence
 import numpy as np
 
 from .errors import EmbedderMismatchError
-from .manifest import LOG_KEEP, Manifest, shape_key
+from .manifest import Manifest
+from .types import LOG_KEEP, shape_key
 from .validate import EntryRecord
 
 
