@@ -118,6 +118,10 @@ class Manifest:
         self.path = path
         self.readonly = readonly
         self._lock = threading.RLock()
+        self._connect()
+
+    def _connect(self) -> None:
+        path, readonly = self.path, self.readonly
         try:
             if readonly:
                 # immutable when no -wal exists: a read-only open must not create -wal/-shm files either
@@ -322,3 +326,8 @@ class Manifest:
         """Close the connection."""
         with self._lock:
             self.conn.close()
+
+    def reopen(self) -> None:
+        """Connect again to the manifest file (after repair rebuilt it): every holder of this object follows."""
+        with self._lock:
+            self._connect()

@@ -25,7 +25,8 @@ from .errors import CacheEntryError, CacheError, CacheUnavailableError, InvalidE
 from .index_sync import IndexKeeper
 from .naming import validate_cache_name
 from .pg_db import PgDb
-from .pg_read import ENTRY_SQL, PgChangeLog, entry_from_row
+from .pg_change_log import PgChangeLog
+from .pg_read import ENTRY_SQL, entry_from_row
 from .pg_rows import State, check_embedder, delete_entries, insert_entry, victims
 from .prepare import check_fits, prepare_entry
 from .server_url import ServerURL
@@ -224,8 +225,8 @@ class PgCacheStore(StoredSettings):
     def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
         """Move entries whose latents failed to load to the quarantine table (bytes kept) and drop them."""
         if damaged:
-            pg_maintenance.set_aside(self, [(item if isinstance(item, int) else item.id, reason)
-                                            for item, reason in damaged])
+            pg_maintenance.set_aside(self.db, self.keeper, [(item if isinstance(item, int) else item.id, reason)
+                                                            for item, reason in damaged])
 
     def load_latents(self, entry_id: int) -> tuple[dict[str, Any], list[float]]:
         """An entry's tensors (checksum verified) and the sigmas they were captured at."""
@@ -278,7 +279,7 @@ class PgCacheStore(StoredSettings):
     def clear(self) -> int:
         """Remove every entry and entity of this cache (quarantined bytes stay); return how many entries."""
         self._open()
-        n = pg_maintenance.clear(self)
+        n = pg_maintenance.clear(self.db)
         with self._index_lock:
             for old in self.index_dir.iterdir():
                 lat.remove_files(self.index_dir, [old.name])
@@ -293,7 +294,7 @@ class PgCacheStore(StoredSettings):
     def repair(self) -> VerifyReport:
         """Fix what verify finds and report every action."""
         self._open()
-        report = pg_maintenance.repair(self)
+        report = pg_maintenance.repair(self.db, self.name)
         with self._index_lock:
             self.keeper.rebuild()
             self.keeper.save()

@@ -4,10 +4,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from .config import DEFAULT_POLICY, POLICIES
 from .errors import EmbedderMismatchError
 from .manifest import Manifest
 from .types import LOG_KEEP, shape_key
@@ -119,3 +120,22 @@ def compact_log(cur: sqlite3.Cursor) -> None:
     last = cur.execute("SELECT COALESCE(MAX(seq), 0) FROM index_log").fetchone()[0]
     if last % 1000 == 0 and last > LOG_KEEP:
         cur.execute("DELETE FROM index_log WHERE seq <= ?", (last - LOG_KEEP,))
+
+
+def stored_setting(key: str, value: str | None) -> Any:
+    """A stored budget (positive int) or policy, or None when absent or unreadable."""
+    if value is None:
+        return None
+    if key == "policy":
+        return value if value in POLICIES else None
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    return number if number > 0 else None
+
+
+def policy_in(cur: sqlite3.Cursor) -> str:
+    """The eviction policy as the current transaction sees it."""
+    row = cur.execute("SELECT value FROM meta WHERE key='policy'").fetchone()
+    return stored_setting("policy", row[0] if row else None) or DEFAULT_POLICY

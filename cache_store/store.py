@@ -18,7 +18,8 @@ from filelock import FileLock, Timeout
 from . import latents as lat
 from . import lookup_flow, maintenance
 from .backend import StoredSettings
-from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, POLICIES, StoreConfig
+from .change_log import ManifestLog
+from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, StoreConfig
 from .errors import CacheEntryError, CacheError, EmbedderMismatchError, InvalidEntryError
 from .index_sync import IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
@@ -26,7 +27,8 @@ from .manifest import Manifest
 from .naming import is_entry_file_name
 from .prepare import NothingToStoreError, check_fits, prepare_entry  # noqa: F401  (NothingToStoreError: re-exported)
 from .recovery import adopt_unlisted, open_manifest, quarantine, scan_latents, sweep_temporaries
-from .rows import compact_log, delete_entries, insert_entry, recount_bytes, total_bytes, victims
+from .rows import (compact_log, delete_entries, insert_entry, policy_in, recount_bytes, stored_setting,
+                   total_bytes, victims)
 from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
 from .validate import check_latents
 
@@ -59,7 +61,7 @@ class CacheStore(StoredSettings):
             with self.manifest.write() as cur:
                 recount_bytes(cur)
                 self._apply_settings(cur)
-            self.keeper = IndexKeeper(self.manifest, self.index_dir, index_kwargs or {})
+            self.keeper = IndexKeeper(ManifestLog(self.manifest), self.index_dir, index_kwargs or {})
             self.keeper.load()
             if self.keeper.unsaved >= SAVE_INDEX_EVERY:  # a large rebuild is slow: persist it at once
                 self.keeper.save()
@@ -72,7 +74,7 @@ class CacheStore(StoredSettings):
         for key, asked, default in (("budget_bytes", self.config.budget_bytes, DEFAULT_BUDGET_BYTES),
                                     ("policy", self.config.policy, DEFAULT_POLICY)):
             row = cur.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-            current = _setting(key, row[0] if row else None)
+            current = stored_setting(key, row[0] if row else None)
             if key == "budget_bytes" and current is None:  # new or rebuilt: never below what was recovered
                 default = max(default, int(cur.execute("SELECT value FROM meta WHERE key='total_bytes'")
                                            .fetchone()[0]))
@@ -85,8 +87,8 @@ class CacheStore(StoredSettings):
 
     def _settings(self) -> tuple[int, str]:
         meta = dict(self.manifest.query("SELECT key, value FROM meta WHERE key IN ('budget_bytes', 'policy')"))
-        return (_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
-                _setting("policy", meta.get("policy")) or DEFAULT_POLICY)
+        return (stored_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
+                stored_setting("policy", meta.get("policy")) or DEFAULT_POLICY)
 
     def set_budget(self, budget_bytes: int) -> None:
         """Change the cache's budget (logged); the next insert or prune enforces it."""
@@ -126,10 +128,10 @@ class CacheStore(StoredSettings):
             lat.write_atomic(self.latent_dir, name, data)
             try:
                 with self.manifest.write() as cur:
-                    budget = _setting("budget_bytes", cur.execute(
+                    budget = stored_setting("budget_bytes", cur.execute(
                         "SELECT value FROM meta WHERE key='budget_bytes'").fetchone()[0]) or DEFAULT_BUDGET_BYTES
                     check_fits(len(data), budget)
-                    chosen = victims(cur, total_bytes(cur) + len(data) - budget, self.policy_in(cur))
+                    chosen = victims(cur, total_bytes(cur) + len(data) - budget, policy_in(cur))
                     evicted_files = delete_entries(cur, chosen)
                     entry_id = insert_entry(cur, record, name, len(data), lat.checksum(data))
                     compact_log(cur)
@@ -142,12 +144,6 @@ class CacheStore(StoredSettings):
                     and time.monotonic() - self.keeper.last_save >= SAVE_INDEX_INTERVAL):
                 self.keeper.save()
         return InsertResult(entry_id=entry_id, nbytes=len(data), evicted=tuple(chosen))
-
-    @staticmethod
-    def policy_in(cur: Any) -> str:
-        """The eviction policy as the current transaction sees it."""
-        row = cur.execute("SELECT value FROM meta WHERE key='policy'").fetchone()
-        return _setting("policy", row[0] if row else None) or DEFAULT_POLICY
 
     def _check_fits(self, nbytes: int) -> None:
         check_fits(nbytes, self.budget_bytes)
@@ -256,8 +252,8 @@ class CacheStore(StoredSettings):
             meta = dict(cur.execute("SELECT key, value FROM meta").fetchall())
         index = self.keeper.index
         return StoreStats(root=str(self.root), entries=n, entities=n_ent, bytes=total,
-                          budget_bytes=_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
-                          policy=_setting("policy", meta.get("policy")) or DEFAULT_POLICY,
+                          budget_bytes=stored_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
+                          policy=stored_setting("policy", meta.get("policy")) or DEFAULT_POLICY,
                           embedder=meta.get("embedder"), generation=int(meta.get("generation", 0)),
                           format_version=int(meta.get("format_version", 0)), total_hits=hits,
                           index_backend=index.backend if index is not None else "empty")
@@ -268,11 +264,20 @@ class CacheStore(StoredSettings):
 
     def prune(self, budget_bytes: int | None = None) -> list[int]:
         """Evict by policy until the latents fit the budget; a given budget first becomes the cache's own."""
-        return maintenance.prune(self, budget_bytes)
+        if budget_bytes is not None:
+            self.set_budget(int(budget_bytes))
+        with self._writer:
+            chosen = maintenance.prune(self.manifest, self.latent_dir, self.keeper, self.budget_bytes)
+        if chosen:
+            log.info("[CHAI] pruned %d entries of %s to fit its budget", len(chosen), self.root)
+        return chosen
 
     def clear(self) -> int:
         """Remove every entry, entity and latent file; return how many entries were removed."""
-        return maintenance.clear(self)
+        with self._writer:
+            n = maintenance.clear(self.manifest, self.latent_dir, self.index_dir, self.keeper)
+        log.info("[CHAI] cleared %d entries of %s", n, self.root)
+        return n
 
     def verify(self, repair: bool = False) -> VerifyReport:
         """Every problem in the folder, found through a read-only manifest connection (changes nothing)."""
@@ -280,7 +285,9 @@ class CacheStore(StoredSettings):
 
     def repair(self) -> VerifyReport:
         """Fix what verify finds and report every action (what was dropped, quarantined or rebuilt)."""
-        return maintenance.repair(self)
+        with self._writer:
+            on_open, self.warnings = self.warnings, []
+            return maintenance.repair(self.manifest, self.root, self.keeper, on_open)
 
     def flush(self) -> None:
         """Persist the entity index now."""
@@ -298,15 +305,3 @@ class CacheStore(StoredSettings):
         finally:
             self.manifest.close()
 
-
-def _setting(key: str, value: str | None) -> Any:
-    """A stored budget (positive int) or policy, or None when absent or unreadable."""
-    if value is None:
-        return None
-    if key == "policy":
-        return value if value in POLICIES else None
-    try:
-        number = int(value)
-    except ValueError:
-        return None
-    return number if number > 0 else None

@@ -1,0 +1,53 @@
+"""The change log of a PostgreSQL cache: what a worker's IndexKeeper reads from the server."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .index_sync import LogHead
+from .pg_db import PgDb
+
+_HEAD = ("SELECT generation, index_epoch, dim, embedder, (SELECT MIN(seq) FROM index_log), log_seq "
+         "FROM state WHERE id = 1")
+
+
+def _head(row: Sequence[Any]) -> LogHead:
+    generation, epoch, dim, embedder, first, last = row
+    return LogHead(int(generation), int(epoch), int(dim) if dim and int(dim) > 0 else None, embedder,
+                   None if first is None else int(first), int(last))
+
+
+class PgChangeLog:
+    """The server's change log as an IndexKeeper reads it (one round trip when nothing changed)."""
+
+    def __init__(self, db: PgDb) -> None:
+        self.db = db
+
+    def head(self) -> LogHead:
+        return _head(self.db.query(_HEAD)[0])
+
+    def changes(self, since: int, gen: int, epoch: int) -> tuple[LogHead, list[tuple[int, int, str]] | None]:
+        head = self.head()
+        if head.generation == gen and head.epoch == epoch:
+            return head, None
+        with self.db.read() as cur:
+            cur.execute(_HEAD)
+            head = _head(cur.fetchone())
+            cur.execute("SELECT seq, entity_id, op FROM index_log WHERE seq > %s ORDER BY seq", (since,))
+            return head, [(int(s), int(e), str(o)) for s, e, o in cur.fetchall()]
+
+    def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        dim = self.head().dim or 0
+        with self.db.transaction(readonly=True, binary=True) as cur:
+            if ids is None:
+                cur.execute("SELECT id, vector FROM entities ORDER BY id")
+            else:
+                cur.execute("SELECT id, vector FROM entities WHERE id = ANY(%s) ORDER BY id", ([int(i) for i in ids],))
+            rows = [(r[0], bytes(r[1])) for r in cur.fetchall()]
+        rows = [r for r in rows if dim and len(r[1]) == 4 * dim]  # malformed: skipped
+        if not rows:
+            return np.zeros(0, np.int64), np.zeros((0, max(dim, 0)), np.float32)
+        labels = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+        vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim).copy()
+        return labels, vectors
