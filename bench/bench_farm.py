@@ -67,7 +67,7 @@ def phase_replay(args, url, work: Path) -> list:
     from bench.bench_hit_rate import ENTRY_BYTES, FINGERPRINT, LATENT_NAMES, SHAPE, SIGMAS, WARM_SHARE, Replayer
     from bench.hit_labels import embed_all
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.embedders import get_embedder
+    from comfyui_chai.cache_store.entities.embedders import get_embedder
     from comfyui_chai.cache_store.pg_store import PgCacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
@@ -130,7 +130,7 @@ def phase_latency(args, url, work: Path, entries: int, workers: list[int]) -> di
     import torch
 
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.entities import Entity
+    from comfyui_chai.cache_store.entities.extract import Entity
     from comfyui_chai.cache_store.pg_db import PgDb
     from comfyui_chai.cache_store.pg_schema import schema_name
     from comfyui_chai.cache_store.pg_store import PgCacheStore

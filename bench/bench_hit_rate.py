@@ -172,7 +172,7 @@ class Replayer:
 
 def stop_checker(default_texts: list[set[str]], prompts: list[str]):
     """stopped(text, prompt_index): True when the default stop list removes this phrase from that prompt."""
-    from comfyui_chai.cache_store.stop_entities import StopEntities
+    from comfyui_chai.cache_store.entities.stop_entities import StopEntities
 
     stop = StopEntities.default()
     index = {p: i for i, p in enumerate(prompts)}
@@ -294,9 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(max(args.threads, 1))
-    from comfyui_chai.cache_store.embedders import get_embedder
-    from comfyui_chai.cache_store.entities import Entity, EntityExtractor
-    from comfyui_chai.cache_store.stop_entities import StopEntities
+    from comfyui_chai.cache_store.entities.embedders import get_embedder
+    from comfyui_chai.cache_store.entities.extract import Entity, EntityExtractor
+    from comfyui_chai.cache_store.entities.stop_entities import StopEntities
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()

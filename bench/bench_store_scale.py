@@ -57,7 +57,7 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------ data
 def phrase_pool(extracted: list[list], n_generated: int, seed: int) -> tuple[list, list[float], list]:
     """VBench entities (with their frequencies) and `n_generated` new modifier + head phrases."""
-    from comfyui_chai.cache_store.entities import Entity
+    from comfyui_chai.cache_store.entities.extract import Entity
 
     counts: Counter = Counter()
     first: dict[str, Entity] = {}
@@ -225,7 +225,7 @@ t0 = time.perf_counter()
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.store import CacheStore
 from comfyui_chai.cache_store.types import EmbeddedEntities
-from comfyui_chai.cache_store.entities import Entity
+from comfyui_chai.cache_store.entities.extract import Entity
 t1 = time.perf_counter()
 store = CacheStore(sys.argv[2], StoreConfig(budget_bytes=int(sys.argv[3])))
 t2 = time.perf_counter()
@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(max(args.threads, 1))
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.embedders import get_embedder
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.embedders import get_embedder
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
     from comfyui_chai.cache_store.index import VectorIndex
     from comfyui_chai.cache_store.ranking import NEIGHBOURS
     from comfyui_chai.cache_store.store import CacheStore

@@ -13,7 +13,7 @@ from . import ranking
 from .errors import CacheEntryError
 from .hit_rule import HitRule
 from .index_sync import IndexKeeper
-from .roles import ROLES, SCENE
+from .entities.roles import ROLES, SCENE
 from .types import EmbeddedEntities, EntryInfo, LookupResult, shape_key
 
 log = logging.getLogger(__name__)

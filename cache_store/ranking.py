@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .hit_rule import HitRule, matched_role
-from .roles import SCENE
+from .entities.roles import SCENE
 from .types import EmbeddedEntities, Match, shape_key
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)

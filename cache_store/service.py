@@ -70,7 +70,7 @@ class ChaiCache:
         """The default embedder (loaded on first use)."""
         with self._lock:
             if self._embedder is None:
-                from .embedders import get_embedder
+                from .entities.embedders import get_embedder
 
                 self._embedder = get_embedder(self._embedder_spec)
             return self._embedder
@@ -80,7 +80,7 @@ class ChaiCache:
         """The spaCy entity extractor (loaded on first use)."""
         with self._lock:
             if self._extractor is None:
-                from .entities import EntityExtractor
+                from .entities.extract import EntityExtractor
 
                 self._extractor = EntityExtractor(self._spacy_pipeline)
             return self._extractor

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .entities import Entity
+    from .entities.extract import Entity
 
 LOG_KEEP = 200_000  # change-log rows kept for other processes to catch up; older readers rebuild instead
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import InvalidEntryError
-from .roles import ROLES
+from .entities.roles import ROLES
 
 UNIT_TOLERANCE = 1e-3
 MAX_TEXT = 100_000       # characters of a prompt

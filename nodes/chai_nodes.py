@@ -50,7 +50,7 @@ def shared_extractor() -> Any:
     global _EXTRACTOR
     with _EXTRACTOR_LOCK:
         if _EXTRACTOR is None:
-            from ..cache_store.entities import EntityExtractor
+            from ..cache_store.entities.extract import EntityExtractor
 
             _EXTRACTOR = EntityExtractor()
         return _EXTRACTOR
@@ -62,7 +62,7 @@ def text_encoder_embedder(clip: Any) -> Any:
         found = _TEXT_EMBEDDERS.get(clip)
     if found is not None:
         return found
-    from ..cache_store.embedders.function import FunctionEmbedder
+    from ..cache_store.entities.embedders.function import FunctionEmbedder
     from ..chai_attention.comfy_glue import encode_phrases, text_encoder_name
 
     dim = int(encode_phrases(clip, ["object"]).shape[-1])

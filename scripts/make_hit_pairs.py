@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.embedders import get_embedder
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.embedders import get_embedder
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
     from comfyui_chai.cache_store.store import CacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 

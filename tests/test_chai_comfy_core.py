@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from comfyui_chai.cache_store.embedders.function import FunctionEmbedder
-from comfyui_chai.cache_store.entities import Entity
+from comfyui_chai.cache_store.entities.embedders.function import FunctionEmbedder
+from comfyui_chai.cache_store.entities.extract import Entity
 from comfyui_chai.cache_store.service import ChaiCache, close_all, open_cache, store_generations
 from comfyui_chai.chai_attention.cache_io import lookup_hit, resolve_threshold, threshold_source, write_trace
 from comfyui_chai.chai_attention.comfy_glue import (ModelInputCapture, SharedRun, original_weights_digest, patches_digest)

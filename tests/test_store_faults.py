@@ -235,7 +235,7 @@ def test_lone_surrogates_are_stored_as_replacement_characters(tmp_path):
 
 
 def test_lone_surrogate_prompt_extracts_without_error(spacy_pipeline):
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
     found = EntityExtractor(spacy_pipeline).extract("a dog \udc80 on a beach")
     assert "dog" in [e.text for e in found]
