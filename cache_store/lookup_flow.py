@@ -12,7 +12,7 @@ from typing import Any, Protocol, Sequence
 from . import ranking
 from .errors import CacheEntryError
 from .hit_rule import HitRule
-from .index_sync import IndexKeeper
+from .index.keeper import IndexKeeper
 from .entities.roles import ROLES, SCENE
 from .types import EmbeddedEntities, EntryInfo, LookupResult, shape_key
 

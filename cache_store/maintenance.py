@@ -9,8 +9,8 @@ import numpy as np
 
 from . import latents as lat
 from .errors import CacheError
-from .index import IndexLoadError, VectorIndex
-from .index_sync import INDEX_STATE, IndexKeeper
+from .index.vector_index import IndexLoadError, VectorIndex
+from .index.keeper import INDEX_STATE, IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR
 from .manifest import MANIFEST_NAME, Manifest
 from .naming import is_entry_file_name

@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .index_sync import LogHead
+from .index.keeper import LogHead
 from .pg_db import PgDb
 
 _HEAD = ("SELECT generation, index_epoch, dim, embedder, (SELECT MIN(seq) FROM index_log), log_seq "

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import latents as lat
 from .errors import CacheError
-from .index_sync import IndexKeeper
+from .index.keeper import IndexKeeper
 from .pg_db import PgDb
 from .pg_rows import State, delete_entries, recount_bytes
 from .pg_schema import SCHEMA_VERSION

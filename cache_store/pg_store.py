@@ -22,7 +22,7 @@ from . import lookup_flow, pg_maintenance, pg_schema
 from .backend import StoredSettings
 from .config import StoreConfig
 from .errors import CacheEntryError, CacheError, CacheUnavailableError, InvalidEntryError
-from .index_sync import IndexKeeper
+from .index.keeper import IndexKeeper
 from .naming import validate_cache_name
 from .pg_db import PgDb
 from .pg_change_log import PgChangeLog

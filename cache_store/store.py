@@ -21,7 +21,7 @@ from .backend import StoredSettings
 from .change_log import ManifestLog
 from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, StoreConfig
 from .errors import CacheEntryError, CacheError, EmbedderMismatchError, InvalidEntryError
-from .index_sync import IndexKeeper
+from .index.keeper import IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
 from .manifest import Manifest
 from .naming import is_entry_file_name

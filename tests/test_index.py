@@ -1,4 +1,4 @@
-"""Tests for cache_store.index.VectorIndex: both backends, switching, persistence and input checks."""
+"""Tests for cache_store.index.vector_index.VectorIndex: both backends, switching, persistence and input checks."""
 from __future__ import annotations
 
 import threading
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("hnswlib")
 
-from comfyui_chai.cache_store.index import DEFAULT_EF, HNSW_MIN_SIZE, IndexLoadError, VectorIndex  # noqa: E402
+from comfyui_chai.cache_store.index.vector_index import DEFAULT_EF, HNSW_MIN_SIZE, IndexLoadError, VectorIndex  # noqa: E402
 
 DIM = 32
 

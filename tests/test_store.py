@@ -17,7 +17,7 @@ from comfyui_chai.cache_store.config import StoreConfig, budget_from_gb
 from comfyui_chai.cache_store.errors import (CacheNameError, CacheWriteError, EmbedderMismatchError, EntryTooLargeError,
                                 FormatVersionError)
 from comfyui_chai.cache_store.naming import cache_dir
-from comfyui_chai.cache_store.index_sync import IndexKeeper
+from comfyui_chai.cache_store.index.keeper import IndexKeeper
 from comfyui_chai.cache_store.store import CacheStore, NothingToStoreError
 from store_backends import stored_blobs, total_counter
 from store_helpers import SIGMAS, ents, latents

@@ -16,7 +16,7 @@ import torch
 from comfyui_chai.cache_store import pg_rows, pg_schema
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.errors import CacheUnavailableError, FormatVersionError
-from comfyui_chai.cache_store.index_sync import IndexKeeper
+from comfyui_chai.cache_store.index.keeper import IndexKeeper
 from comfyui_chai.cache_store.pg_store import PgCacheStore
 from comfyui_chai.cache_store.server_url import ServerURL
 from comfyui_chai.cache_store.service import ChaiCache

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .index_backends import _as_labels, _as_unit_rows, _Exact, _Hnsw, _last_occurrence
-from .index_file import (FORMAT_NAME, FORMAT_VERSION, IndexLoadError, _labels_section, _load_exact, _load_hnsw,
+from .backends import _as_labels, _as_unit_rows, _Exact, _Hnsw, _last_occurrence
+from .file import (FORMAT_NAME, FORMAT_VERSION, IndexLoadError, _labels_section, _load_exact, _load_hnsw,
                          _read_container, _temp_path, _write_container)
 
 __all__ = ["VectorIndex", "IndexLoadError", "HNSW_MIN_SIZE", "DEFAULT_EF", "DEFAULT_M", "DEFAULT_EF_CONSTRUCTION"]

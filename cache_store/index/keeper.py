@@ -16,9 +16,9 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from . import latents as lat
-from .index import IndexLoadError, VectorIndex
-from .validate import UNIT_TOLERANCE
+from .. import latents as lat
+from .vector_index import IndexLoadError, VectorIndex
+from ..validate import UNIT_TOLERANCE
 
 log = logging.getLogger(__name__)
 
