@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     from comfyui_chai.cache_store.entities.embedders import get_embedder
     from comfyui_chai.cache_store.entities.extract import EntityExtractor
     from comfyui_chai.cache_store.index.vector_index import VectorIndex
-    from comfyui_chai.cache_store.ranking import NEIGHBOURS
+    from comfyui_chai.cache_store.lookup.ranking import NEIGHBOURS
     from comfyui_chai.cache_store.store import CacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 

@@ -129,7 +129,7 @@ def embed_all(prompts: Iterable[str]) -> tuple[dict, dict, dict]:
 
 def rule_accepts(pairs: Iterable[Pair]) -> Callable[[float], Callable[[Pair], bool]]:
     """threshold -> accepts(pair) under the pack's hit rule, on entities extracted and embedded once."""
-    from comfyui_chai.cache_store.hit_rule import HitRule
+    from comfyui_chai.cache_store.lookup.rule import HitRule
 
     pairs = list(pairs)
     ents, vec, _ = embed_all([p.request for p in pairs] + [p.donor for p in pairs])

@@ -18,7 +18,8 @@ from typing import Any, Mapping, Sequence
 from filelock import FileLock, Timeout
 
 from . import latents as lat
-from . import lookup_flow, pg_maintenance, pg_schema
+from .lookup import flow as lookup_flow
+from . import pg_maintenance, pg_schema
 from .backend import StoredSettings
 from .config import StoreConfig
 from .errors import CacheEntryError, CacheError, CacheUnavailableError, InvalidEntryError

@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 from filelock import FileLock, Timeout
 
 from . import latents as lat
-from . import lookup_flow, maintenance
+from .lookup import flow as lookup_flow
+from . import maintenance
 from .backend import StoredSettings
 from .change_log import ManifestLog
 from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, StoreConfig

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from comfyui_chai.cache_store.hit_rule import HitRule
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from comfyui_chai.cache_store.entities.roles import MAIN, SCENE, SECONDARY
 
 

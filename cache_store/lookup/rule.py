@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
+from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ import time
 from typing import Any, Protocol, Sequence
 
 from . import ranking
-from .errors import CacheEntryError
-from .hit_rule import HitRule
-from .index.keeper import IndexKeeper
-from .entities.roles import ROLES, SCENE
-from .types import EmbeddedEntities, EntryInfo, LookupResult, shape_key
+from ..errors import CacheEntryError
+from .rule import HitRule
+from ..index.keeper import IndexKeeper
+from ..entities.roles import ROLES, SCENE
+from ..types import EmbeddedEntities, EntryInfo, LookupResult, shape_key
 
 log = logging.getLogger(__name__)
 

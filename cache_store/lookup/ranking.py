@@ -6,9 +6,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .hit_rule import HitRule, matched_role
-from .entities.roles import SCENE
-from .types import EmbeddedEntities, Match, shape_key
+from .rule import HitRule, matched_role
+from ..entities.roles import SCENE
+from ..types import EmbeddedEntities, Match, shape_key
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
