@@ -123,7 +123,7 @@ class Replayer:
                n_warm: int, keep_matches: bool = False) -> Run:
         """Warm with the first n_warm items, serve the rest; items[i] is prompt i's EmbeddedEntities."""
         from comfyui_chai.cache_store.config import StoreConfig
-        from comfyui_chai.cache_store.store import CacheStore
+        from comfyui_chai.cache_store.folder.store import CacheStore
 
         capacity = max(1, round(budget * len(prompts)))
         run = Run(matcher, threshold, budget, capacity)

@@ -223,7 +223,7 @@ sys.path.insert(0, sys.argv[1])
 from bench.bench_store_scale import peak_rss
 t0 = time.perf_counter()
 from comfyui_chai.cache_store.config import StoreConfig
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
 from comfyui_chai.cache_store.types import EmbeddedEntities
 from comfyui_chai.cache_store.entities.extract import Entity
 t1 = time.perf_counter()
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     from comfyui_chai.cache_store.entities.extract import EntityExtractor
     from comfyui_chai.cache_store.index.vector_index import VectorIndex
     from comfyui_chai.cache_store.lookup.ranking import NEIGHBOURS
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     man_bytes = sum(p.stat().st_size for p in root.glob("manifest.sqlite*"))
     lat_bytes, lat_files = dir_bytes(root / "latents")
     capture = LogCapture()
-    store_log = logging.getLogger("cache_store.store")
+    store_log = logging.getLogger("cache_store.folder.store")
     store_log.addHandler(capture)
     old_level = store_log.level
     store_log.setLevel(logging.DEBUG)

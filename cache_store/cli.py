@@ -12,11 +12,11 @@ from typing import Any
 
 from .config import StoreConfig, budget_from_gb
 from .errors import CacheError
-from .maintenance import verify_folder
+from .folder.maintenance import verify_folder
 from .naming import cache_dir
 from .service import default_root
 from .server_url import LOCAL, URL_ENV, ServerURL, redact, resolve
-from .store import CacheStore
+from .folder.store import CacheStore
 
 
 def build_parser() -> argparse.ArgumentParser:

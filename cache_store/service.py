@@ -13,7 +13,7 @@ from .config import StoreConfig
 from .errors import CacheError, CacheUnavailableError
 from .naming import cache_dir, encodable_text
 from .server_url import ServerURL, resolve
-from .store import CacheStore, NothingToStoreError
+from .folder.store import CacheStore, NothingToStoreError
 from .types import EmbeddedEntities, InsertResult, LookupResult
 
 log = logging.getLogger(__name__)

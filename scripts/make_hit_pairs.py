@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from comfyui_chai.cache_store.config import StoreConfig
     from comfyui_chai.cache_store.entities.embedders import get_embedder
     from comfyui_chai.cache_store.entities.extract import EntityExtractor
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     rng = random.Random(args.seed)

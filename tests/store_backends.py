@@ -12,7 +12,7 @@ from typing import Any
 
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.server_url import ServerURL
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
 
 BACKENDS = ("folder", "server")
 

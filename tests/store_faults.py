@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
 from store_helpers import PYTHON, SIGMAS, ents, latents, subprocess_env
 
 FP = "model-a"
@@ -149,7 +149,7 @@ def corrupt_hnsw_index(index_file: Path) -> None:
 
 KILLED_WRITER = textwrap.dedent("""
     import sys
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
     from store_helpers import SIGMAS, ents, latents
     root, start = sys.argv[1], int(sys.argv[2])
     s = CacheStore(root)
@@ -177,7 +177,7 @@ def killed_writer_then_wal_lost(tmp: Path, root: Path, start: int) -> None:
 
 REBUILDER = textwrap.dedent("""
     import sys
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
     CacheStore(sys.argv[1]).close()
     print("opened", flush=True)
 """)

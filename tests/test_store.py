@@ -18,7 +18,7 @@ from comfyui_chai.cache_store.errors import (CacheNameError, CacheWriteError, Em
                                 FormatVersionError)
 from comfyui_chai.cache_store.naming import cache_dir
 from comfyui_chai.cache_store.index.keeper import IndexKeeper
-from comfyui_chai.cache_store.store import CacheStore, NothingToStoreError
+from comfyui_chai.cache_store.folder.store import CacheStore, NothingToStoreError
 from store_backends import stored_blobs, total_counter
 from store_helpers import SIGMAS, ents, latents
 

@@ -14,10 +14,10 @@ import torch
 from comfyui_chai.cache_store import latents as lat
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.errors import CacheError, CacheNameError, InvalidEntryError, ManifestError
-from comfyui_chai.cache_store.maintenance import verify_folder
-from comfyui_chai.cache_store.manifest import advice
+from comfyui_chai.cache_store.folder.maintenance import verify_folder
+from comfyui_chai.cache_store.folder.manifest import advice
 from comfyui_chai.cache_store.naming import cache_dir
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
 from comfyui_chai.cache_store.types import EmbeddedEntities
 from store_faults import (FP, SHAPE, THR, check, corrupt_hnsw_index, craft_file, edit_manifest, fill, folder_state,
                           kill_during_rebuild, killed_writer_then_wal_lost, lose_manifest, run_cli)
@@ -168,7 +168,7 @@ def test_verify_changes_nothing_and_lists_every_problem(tmp_path):
 # ----------------------------------------------------------------------------- 7. a crafted hnsw graph
 CRAFTED_LOOKUP = textwrap.dedent("""
     import sys
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
     from store_helpers import ents
     with CacheStore(sys.argv[1], index_kwargs={"backend": "hnsw"}) as s:
         print("hit" if s.lookup(ents("thing3"), "model-a", (1, 4, 2, 4, 4), 0.8).hit else "miss", flush=True)
@@ -311,7 +311,7 @@ def test_power_loss_snapshots_open_without_losing_committed_entries(tmp_path):
     script = tmp_path / "w.py"
     script.write_text(textwrap.dedent("""
         import sys
-        from comfyui_chai.cache_store.store import CacheStore
+        from comfyui_chai.cache_store.folder.store import CacheStore
         from store_helpers import SIGMAS, ents, latents
         with CacheStore(sys.argv[1]) as s:
             for i in range(1, 40):

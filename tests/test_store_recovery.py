@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from comfyui_chai.cache_store.config import StoreConfig
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
 from store_helpers import PYTHON, SIGMAS, ents, latents, subprocess_env
 
 FP = "model-a"
@@ -24,9 +24,9 @@ THR = 0.8
 # survivor can be checked bit for bit against what was meant to be written.
 WRITER = textwrap.dedent("""
     import random, sys
-    import comfyui_chai.cache_store.store as store_mod
+    import comfyui_chai.cache_store.folder.store as store_mod
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
     from store_helpers import SIGMAS, ents, latents
     root, wid, budget, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     store_mod.SAVE_INDEX_EVERY = 3          # persist the index often, so kills land inside saves too

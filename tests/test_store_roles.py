@@ -8,7 +8,7 @@ import numpy as np
 
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.entities.extract import Entity
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
 from comfyui_chai.cache_store.types import EmbeddedEntities
 from store_helpers import EMBEDDER, SIGMAS, latents, vector
 

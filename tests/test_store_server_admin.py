@@ -15,7 +15,7 @@ from comfyui_chai.cache_store.pg_schema import schema_name
 from comfyui_chai.cache_store.pg_store import PgCacheStore
 from comfyui_chai.cache_store.server_url import BackendURLError, ServerURL
 from comfyui_chai.cache_store.service import close_all, open_cache
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
 from pg_server import CHAI_PASSWORD, PgServer, find_binaries
 from store_helpers import SIGMAS, ents, latents
 

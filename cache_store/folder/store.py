@@ -15,23 +15,23 @@ from typing import Any, Mapping, Sequence
 
 from filelock import FileLock, Timeout
 
-from . import latents as lat
-from .lookup import flow as lookup_flow
+from .. import latents as lat
+from ..lookup import flow as lookup_flow
 from . import maintenance
-from .backend import StoredSettings
+from ..backend import StoredSettings
 from .change_log import ManifestLog
-from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, StoreConfig
-from .errors import CacheEntryError, CacheError, EmbedderMismatchError, InvalidEntryError
-from .index.keeper import IndexKeeper
+from ..config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, StoreConfig
+from ..errors import CacheEntryError, CacheError, EmbedderMismatchError, InvalidEntryError
+from ..index.keeper import IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
 from .manifest import Manifest
-from .naming import is_entry_file_name
-from .prepare import NothingToStoreError, check_fits, prepare_entry  # noqa: F401  (NothingToStoreError: re-exported)
+from ..naming import is_entry_file_name
+from ..prepare import NothingToStoreError, check_fits, prepare_entry  # noqa: F401  (NothingToStoreError: re-exported)
 from .recovery import adopt_unlisted, open_manifest, quarantine, scan_latents, sweep_temporaries
 from .rows import (compact_log, delete_entries, insert_entry, policy_in, recount_bytes, stored_setting,
                    total_bytes, victims)
-from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
-from .validate import check_latents
+from ..types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
+from ..validate import check_latents
 
 log = logging.getLogger(__name__)
 

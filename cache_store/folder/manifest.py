@@ -11,8 +11,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .errors import FormatVersionError, ManifestDamagedError, ManifestError
-from .types import EntryInfo
+from ..errors import FormatVersionError, ManifestDamagedError, ManifestError
+from ..types import EntryInfo
 
 FORMAT_VERSION = 2  # v2: entities carry head and core, postings the entity's role in the entry
 MANIFEST_NAME = "manifest.sqlite"

@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .index.keeper import LogHead
+from ..index.keeper import LogHead
 from .manifest import Manifest
 
 

@@ -8,11 +8,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .config import DEFAULT_POLICY, POLICIES
-from .errors import EmbedderMismatchError
+from ..config import DEFAULT_POLICY, POLICIES
+from ..errors import EmbedderMismatchError
 from .manifest import Manifest
-from .types import LOG_KEEP, shape_key
-from .validate import EntryRecord
+from ..types import LOG_KEEP, shape_key
+from ..validate import EntryRecord
 
 
 def insert_entry(cur: sqlite3.Cursor, record: EntryRecord, file: str, nbytes: int, digest: str) -> int:
