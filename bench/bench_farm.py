@@ -49,7 +49,7 @@ def log(msg: str) -> None:
 
 
 def server_url(args) -> tuple[object, object | None]:
-    from comfyui_chai.cache_store.server_url import ServerURL
+    from comfyui_chai.cache_store.postgres.url import ServerURL
 
     if args.url:
         return ServerURL(args.url, "--url"), None
@@ -68,7 +68,7 @@ def phase_replay(args, url, work: Path) -> list:
     from bench.hit_labels import embed_all
     from comfyui_chai.cache_store.config import StoreConfig
     from comfyui_chai.cache_store.entities.embedders import get_embedder
-    from comfyui_chai.cache_store.pg_store import PgCacheStore
+    from comfyui_chai.cache_store.postgres.store import PgCacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     prompts = load_prompts(args.prompts, seed=0)[: args.n or None]
@@ -103,8 +103,8 @@ def phase_replay(args, url, work: Path) -> list:
                     s.insert(prompts[i], items[i], FINGERPRINT, latents, SIGMAS,
                              meta=replayer._pad_meta(prompts[i], items[i]))
 
-    from comfyui_chai.cache_store.pg_db import PgDb
-    from comfyui_chai.cache_store.pg_schema import schema_name
+    from comfyui_chai.cache_store.postgres.db import PgDb
+    from comfyui_chai.cache_store.postgres.schema import schema_name
 
     results = []
     for n in args.workers:
@@ -131,9 +131,9 @@ def phase_latency(args, url, work: Path, entries: int, workers: list[int]) -> di
 
     from comfyui_chai.cache_store.config import StoreConfig
     from comfyui_chai.cache_store.entities.extract import Entity
-    from comfyui_chai.cache_store.pg_db import PgDb
-    from comfyui_chai.cache_store.pg_schema import schema_name
-    from comfyui_chai.cache_store.pg_store import PgCacheStore
+    from comfyui_chai.cache_store.postgres.db import PgDb
+    from comfyui_chai.cache_store.postgres.schema import schema_name
+    from comfyui_chai.cache_store.postgres.store import PgCacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     name = f"farm{os.getpid()}-{entries}"
@@ -192,7 +192,7 @@ def phase_kills(args, url, work: Path) -> farm_phases.Kills:
     import torch
 
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.pg_store import PgCacheStore
+    from comfyui_chai.cache_store.postgres.store import PgCacheStore
     from farm_worker import parse_log
     from store_helpers import SIGMAS, ents, latents
 

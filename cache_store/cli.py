@@ -15,7 +15,7 @@ from .errors import CacheError
 from .folder.maintenance import verify_folder
 from .naming import cache_dir
 from .service import default_root
-from .server_url import LOCAL, URL_ENV, ServerURL, redact, resolve
+from .postgres.url import LOCAL, URL_ENV, ServerURL, redact, resolve
 from .folder.store import CacheStore
 
 
@@ -56,7 +56,7 @@ def open_store(args: argparse.Namespace, server: ServerURL | None) -> Any:
     """The cache the arguments name, opened with its own settings."""
     if server is None:
         return CacheStore(cache_dir(args.root or default_root(), args.name), StoreConfig())
-    from .pg_store import PgCacheStore
+    from .postgres.store import PgCacheStore
 
     return PgCacheStore(server, args.name, StoreConfig(), index_root=args.root or default_root())
 
@@ -67,9 +67,9 @@ def run(args: argparse.Namespace) -> str:
     if args.command == "verify":  # read-only: never opens the store (opening adopts and quarantines files)
         if server is None:
             return verify_folder(cache_dir(args.root or default_root(), args.name)).report()
-        from .pg_db import PgDb
-        from .pg_maintenance import verify
-        from .pg_schema import schema_name
+        from .postgres.db import PgDb
+        from .postgres.maintenance import verify
+        from .postgres.schema import schema_name
 
         db = PgDb(server, schema_name(args.name))
         try:

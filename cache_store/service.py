@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 from .config import StoreConfig
 from .errors import CacheError, CacheUnavailableError
 from .naming import cache_dir, encodable_text
-from .server_url import ServerURL, resolve
+from .postgres.url import ServerURL, resolve
 from .folder.store import CacheStore, NothingToStoreError
 from .types import EmbeddedEntities, InsertResult, LookupResult
 
@@ -51,7 +51,7 @@ class ChaiCache:
             self.root: Path | str = Path(root)
             self.store = CacheStore(self.root, self.settings)
         else:
-            from .pg_store import PgCacheStore
+            from .postgres.store import PgCacheStore
 
             # root: the local folder that keeps this worker's copy of the entity index
             self.store = PgCacheStore(server, name or "default", self.settings, index_root=root)

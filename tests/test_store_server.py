@@ -13,12 +13,12 @@ import uuid
 import pytest
 import torch
 
-from comfyui_chai.cache_store import pg_rows, pg_schema
+from comfyui_chai.cache_store.postgres import rows as pg_rows, schema as pg_schema
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.errors import CacheUnavailableError, FormatVersionError
 from comfyui_chai.cache_store.index.keeper import IndexKeeper
-from comfyui_chai.cache_store.pg_store import PgCacheStore
-from comfyui_chai.cache_store.server_url import ServerURL
+from comfyui_chai.cache_store.postgres.store import PgCacheStore
+from comfyui_chai.cache_store.postgres.url import ServerURL
 from comfyui_chai.cache_store.service import ChaiCache
 from farm_worker import parse_log
 from pg_server import CHAI_PASSWORD, PgServer, find_binaries

@@ -11,9 +11,9 @@ import pytest
 from comfyui_chai.cache_store.cli import main
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.errors import CacheUnavailableError
-from comfyui_chai.cache_store.pg_schema import schema_name
-from comfyui_chai.cache_store.pg_store import PgCacheStore
-from comfyui_chai.cache_store.server_url import BackendURLError, ServerURL
+from comfyui_chai.cache_store.postgres.schema import schema_name
+from comfyui_chai.cache_store.postgres.store import PgCacheStore
+from comfyui_chai.cache_store.postgres.url import BackendURLError, ServerURL
 from comfyui_chai.cache_store.service import close_all, open_cache
 from comfyui_chai.cache_store.folder.store import CacheStore
 from pg_server import CHAI_PASSWORD, PgServer, find_binaries

@@ -14,10 +14,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .config import POLICIES
-from .errors import EmbedderMismatchError
-from .types import LOG_KEEP, shape_key
-from .validate import EntryRecord
+from ..config import POLICIES
+from ..errors import EmbedderMismatchError
+from ..types import LOG_KEEP, shape_key
+from ..validate import EntryRecord
 
 LOG_COMPACT_EVERY = 1000  # sequence numbers between two compactions of the change log (keeping LOG_KEEP rows)
 STATE_COLUMNS = ("budget_bytes", "policy", "embedder", "dim", "total_bytes", "generation", "index_epoch", "log_seq")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from .types import EntryInfo
+from ..types import EntryInfo
 
 # An entry row with its entity phrases (sorted, as the folder backend lists them).
 ENTRY_SQL = ("SELECT e.id, e.prompt, e.fingerprint, e.shape, e.dtype, e.nbytes, e.sigmas, e.tensors, e.created, "

@@ -5,8 +5,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .index.keeper import LogHead
-from .pg_db import PgDb
+from ..index.keeper import LogHead
+from .db import PgDb
 
 _HEAD = ("SELECT generation, index_epoch, dim, embedder, (SELECT MIN(seq) FROM index_log), log_seq "
          "FROM state WHERE id = 1")

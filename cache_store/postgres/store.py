@@ -17,22 +17,22 @@ from typing import Any, Mapping, Sequence
 
 from filelock import FileLock, Timeout
 
-from . import latents as lat
-from .lookup import flow as lookup_flow
-from . import pg_maintenance, pg_schema
-from .backend import StoredSettings
-from .config import StoreConfig
-from .errors import CacheEntryError, CacheError, CacheUnavailableError, InvalidEntryError
-from .index.keeper import IndexKeeper
-from .naming import validate_cache_name
-from .pg_db import PgDb
-from .pg_change_log import PgChangeLog
-from .pg_read import ENTRY_SQL, entry_from_row
-from .pg_rows import State, check_embedder, delete_entries, insert_entry, victims
-from .prepare import check_fits, prepare_entry
-from .server_url import ServerURL
-from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
-from .validate import check_latents
+from .. import latents as lat
+from ..lookup import flow as lookup_flow
+from . import maintenance as pg_maintenance, schema as pg_schema
+from ..backend import StoredSettings
+from ..config import StoreConfig
+from ..errors import CacheEntryError, CacheError, CacheUnavailableError, InvalidEntryError
+from ..index.keeper import IndexKeeper
+from ..naming import validate_cache_name
+from .db import PgDb
+from .change_log import PgChangeLog
+from .read import ENTRY_SQL, entry_from_row
+from .rows import State, check_embedder, delete_entries, insert_entry, victims
+from ..prepare import check_fits, prepare_entry
+from .url import ServerURL
+from ..types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
+from ..validate import check_latents
 
 log = logging.getLogger(__name__)
 
