@@ -293,7 +293,7 @@ def test_whole_vbench_suite(extractor, capsys):
     assert with_entities >= 0.97 * len(prompts)
     n_raw = sum(map(len, raw))
     n_kept = sum(map(len, kept))
-    # Template words are a real share of what the parser finds (DESIGN.md: 16-20% of entity matches).
+    # Template words are a real share of what the parser finds (about 16-20% of entity matches).
     assert 0.10 * n_raw <= n_raw - n_kept <= 0.30 * n_raw
     counts = collections.Counter(e.text for es in kept for e in es)
     stop = extractor.stop_entities
