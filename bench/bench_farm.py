@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from comfyui_chai.cache_store.lookup.rule import HitRule
 
 from bench._common import DEFAULT_PROMPTS, load_prompts, ms_pct, table
 
@@ -221,7 +222,7 @@ def phase_kills(args, url, work: Path) -> farm_phases.Kills:
             tensors, _ = s.load_latents(entry_id)
             out.corrupted += not all(torch.equal(tensors[k], v) for k, v in latents(seed, shape).items())
         for seed in list(done)[:: max(1, len(done) // 50)]:
-            res = s.lookup(ents(f"thing{seed}"), fp, shape, 0.99)
+            res = s.lookup(ents(f"thing{seed}"), fp, shape, HitRule(0.99))
             out.lookups_checked += 1
             ok = res.hit and all(torch.equal(res.latents[k], v)
                                  for k, v in latents(int(res.entry.prompt.split("=")[1]), shape).items())

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from comfyui_chai.cache_store.lookup.rule import HitRule
 
 from bench._common import DEFAULT_PROMPTS, REPO, load_prompts, shorten, table
 
@@ -153,7 +154,7 @@ class Replayer:
             if index is not None and len(index):
                 _, sims = index.query(ee.vectors, 1)
                 run.entity_any += int(np.sum(sims[:, 0] >= threshold))
-            res = store.lookup(ee, FINGERPRINT, SHAPE, threshold, load=False)
+            res = store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold), load=False)
             if res.hit:
                 run.hits += 1
                 run.hit_pairs.append((prompts[i], res.entry.prompt if res.entry else "?"))

@@ -226,6 +226,7 @@ from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.folder.store import CacheStore
 from comfyui_chai.cache_store.types import EmbeddedEntities
 from comfyui_chai.cache_store.entities.extract import Entity
+from comfyui_chai.cache_store.lookup.rule import HitRule
 t1 = time.perf_counter()
 store = CacheStore(sys.argv[2], StoreConfig(budget_bytes=int(sys.argv[3])))
 t2 = time.perf_counter()
@@ -234,7 +235,7 @@ ident = sys.argv[5]
 hits = 0
 for row in data[:200]:
     ee = EmbeddedEntities((Entity("q", "object", "q"),), row[None, :], ident)
-    hits += store.lookup(ee, sys.argv[6], json.loads(sys.argv[7]), 0.8, touch=False).hit
+    hits += store.lookup(ee, sys.argv[6], json.loads(sys.argv[7]), HitRule(0.8), touch=False).hit
 store.close()
 print(json.dumps({"import_s": t1 - t0, "open_s": t2 - t1, "hits": hits,
                   "peak_rss": peak_rss()}))
@@ -284,6 +285,7 @@ def main(argv: list[str] | None = None) -> None:
     from comfyui_chai.cache_store.index.vector_index import VectorIndex
     from comfyui_chai.cache_store.lookup.ranking import NEIGHBOURS
     from comfyui_chai.cache_store.folder.store import CacheStore
+    from comfyui_chai.cache_store.lookup.rule import HitRule
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         ents = extractor.extract(warm)
         if ents:
             ee = EmbeddedEntities(tuple(ents), embedder.embed([e.text for e in ents]), embedder.identity)
-            store.lookup(ee, FINGERPRINT, SHAPE, threshold, touch=False)
+            store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold), touch=False)
     for qi, prompt in enumerate(qprompts):
         t = time.perf_counter()
         ents = extractor.extract(prompt)
@@ -453,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
         t_cached = time.perf_counter() - t
         ee = EmbeddedEntities(tuple(ents), vecs, embedder.identity)
         t = time.perf_counter()
-        res = store.lookup(ee, FINGERPRINT, SHAPE, threshold)
+        res = store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold))
         t_look = time.perf_counter() - t
         st["extract"].append(t_ext)
         st["embed_cold"].append(t_cold)

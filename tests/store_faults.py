@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from comfyui_chai.cache_store.folder.store import CacheStore
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from store_helpers import PYTHON, SIGMAS, ents, latents, subprocess_env
 
 FP = "model-a"
@@ -64,7 +65,7 @@ def check(root: Path, n_expected_max: int) -> Outcome:
             want = latents(seed, shape=tuple(e.shape))
             corrupted += not all(torch.equal(tensors[k], want[k]) for k in want)
         for i in range(n_expected_max):
-            res = s.lookup(ents(f"thing{i}"), FP, SHAPE, THR)
+            res = s.lookup(ents(f"thing{i}"), FP, SHAPE, HitRule(THR))
             if res.hit:
                 want = latents(int(res.entry.prompt.split("=")[1]))
                 corrupted += not all(torch.equal(res.latents[k], want[k]) for k in want)

@@ -9,15 +9,15 @@ import numpy as np
 
 from .. import latents as lat
 from ..errors import CacheError
-from ..index.vector_index import IndexLoadError, VectorIndex
 from ..index.keeper import INDEX_STATE, IndexKeeper
-from .layout import INDEX_DIR, LATENT_DIR
-from .manifest import MANIFEST_NAME, Manifest
+from ..index.vector_index import IndexLoadError, VectorIndex
 from ..naming import is_entry_file_name
-from .recovery import adopt_unlisted, quarantine, rebuild_manifest, sweep_temporaries
-from .rows import delete_entries, policy_in, recount_bytes, victims
 from ..types import VerifyReport, shape_key
 from ..validate import UNIT_TOLERANCE
+from .layout import INDEX_DIR, LATENT_DIR
+from .manifest import MANIFEST_NAME, Manifest
+from .recovery import adopt_unlisted, quarantine, rebuild_manifest, sweep_temporaries
+from .rows import delete_entries, policy_in, recount_bytes, victims
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from .. import latents as lat
 from ..errors import CacheError, ManifestDamagedError
-from .manifest import MANIFEST_NAME, Manifest
 from ..naming import is_entry_file_name
-from .rows import insert_entry, recount_bytes
 from ..validate import EntryRecord
+from .manifest import MANIFEST_NAME, Manifest
+from .rows import insert_entry, recount_bytes
 
 log = logging.getLogger(__name__)
 

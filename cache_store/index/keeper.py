@@ -17,8 +17,8 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from .. import latents as lat
-from .vector_index import IndexLoadError, VectorIndex
 from ..validate import UNIT_TOLERANCE
+from .vector_index import IndexLoadError, VectorIndex
 
 log = logging.getLogger(__name__)
 

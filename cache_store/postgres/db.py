@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from urllib.parse import quote
 from typing import Any, Iterator, Sequence
+from urllib.parse import quote
 
 from ..errors import CacheError, CacheUnavailableError, ManifestError
 from .url import ServerURL, redact

@@ -10,11 +10,11 @@ import numpy as np
 from .. import latents as lat
 from ..errors import CacheError
 from ..index.keeper import IndexKeeper
+from ..types import VerifyReport, shape_key
+from ..validate import UNIT_TOLERANCE, record_from_file
 from .db import PgDb
 from .rows import State, delete_entries, recount_bytes
 from .schema import SCHEMA_VERSION
-from ..types import VerifyReport, shape_key
-from ..validate import UNIT_TOLERANCE, record_from_file
 
 log = logging.getLogger(__name__)
 
