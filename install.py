@@ -22,7 +22,7 @@ def _pip(*args: str) -> bool:
 
 def _has_pipeline() -> bool:
     try:
-        from cache_store.pipelines import resolve_pipeline
+        from cache_store.entities.spacy_pipeline import resolve_pipeline
 
         resolve_pipeline()
         return True
@@ -32,7 +32,7 @@ def _has_pipeline() -> bool:
 
 def _has_minilm() -> bool:
     try:
-        from cache_store.embedders.minilm import locate_weights
+        from cache_store.entities.embedders.minilm import locate_weights
 
         locate_weights()
         return True

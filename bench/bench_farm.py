@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from comfyui_chai.cache_store.lookup.rule import HitRule
 
 from bench._common import DEFAULT_PROMPTS, load_prompts, ms_pct, table
 
@@ -49,7 +50,7 @@ def log(msg: str) -> None:
 
 
 def server_url(args) -> tuple[object, object | None]:
-    from comfyui_chai.cache_store.server_url import ServerURL
+    from comfyui_chai.cache_store.postgres.url import ServerURL
 
     if args.url:
         return ServerURL(args.url, "--url"), None
@@ -67,8 +68,8 @@ def phase_replay(args, url, work: Path) -> list:
     from bench.bench_hit_rate import ENTRY_BYTES, FINGERPRINT, LATENT_NAMES, SHAPE, SIGMAS, WARM_SHARE, Replayer
     from bench.hit_labels import embed_all
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.embedders import get_embedder
-    from comfyui_chai.cache_store.pg_store import PgCacheStore
+    from comfyui_chai.cache_store.entities.embedders import get_embedder
+    from comfyui_chai.cache_store.postgres.store import PgCacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     prompts = load_prompts(args.prompts, seed=0)[: args.n or None]
@@ -103,8 +104,8 @@ def phase_replay(args, url, work: Path) -> list:
                     s.insert(prompts[i], items[i], FINGERPRINT, latents, SIGMAS,
                              meta=replayer._pad_meta(prompts[i], items[i]))
 
-    from comfyui_chai.cache_store.pg_db import PgDb
-    from comfyui_chai.cache_store.pg_schema import schema_name
+    from comfyui_chai.cache_store.postgres.db import PgDb
+    from comfyui_chai.cache_store.postgres.schema import schema_name
 
     results = []
     for n in args.workers:
@@ -130,10 +131,10 @@ def phase_latency(args, url, work: Path, entries: int, workers: list[int]) -> di
     import torch
 
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.entities import Entity
-    from comfyui_chai.cache_store.pg_db import PgDb
-    from comfyui_chai.cache_store.pg_schema import schema_name
-    from comfyui_chai.cache_store.pg_store import PgCacheStore
+    from comfyui_chai.cache_store.entities.extract import Entity
+    from comfyui_chai.cache_store.postgres.db import PgDb
+    from comfyui_chai.cache_store.postgres.schema import schema_name
+    from comfyui_chai.cache_store.postgres.store import PgCacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     name = f"farm{os.getpid()}-{entries}"
@@ -192,7 +193,7 @@ def phase_kills(args, url, work: Path) -> farm_phases.Kills:
     import torch
 
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.pg_store import PgCacheStore
+    from comfyui_chai.cache_store.postgres.store import PgCacheStore
     from farm_worker import parse_log
     from store_helpers import SIGMAS, ents, latents
 
@@ -221,7 +222,7 @@ def phase_kills(args, url, work: Path) -> farm_phases.Kills:
             tensors, _ = s.load_latents(entry_id)
             out.corrupted += not all(torch.equal(tensors[k], v) for k, v in latents(seed, shape).items())
         for seed in list(done)[:: max(1, len(done) // 50)]:
-            res = s.lookup(ents(f"thing{seed}"), fp, shape, 0.99)
+            res = s.lookup(ents(f"thing{seed}"), fp, shape, HitRule(0.99))
             out.lookups_checked += 1
             ok = res.hit and all(torch.equal(res.latents[k], v)
                                  for k, v in latents(int(res.entry.prompt.split("=")[1]), shape).items())

@@ -26,7 +26,7 @@ THRESHOLDS = (0.6, 0.65, 0.7, 0.75, 0.8)
 
 def rules(ents, vec, whole, threshold: float):
     """name -> accepts(pair) for each rule at this threshold."""
-    from comfyui_chai.cache_store.hit_rule import HitRule
+    from comfyui_chai.cache_store.lookup.rule import HitRule
 
     def entity_rule(rule, sim):
         def accepts(p: Pair) -> bool:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from comfyui_chai.cache_store.lookup.rule import HitRule
 
 from bench._common import DEFAULT_PROMPTS, REPO, load_prompts, shorten, table
 
@@ -123,7 +124,7 @@ class Replayer:
                n_warm: int, keep_matches: bool = False) -> Run:
         """Warm with the first n_warm items, serve the rest; items[i] is prompt i's EmbeddedEntities."""
         from comfyui_chai.cache_store.config import StoreConfig
-        from comfyui_chai.cache_store.store import CacheStore
+        from comfyui_chai.cache_store.folder.store import CacheStore
 
         capacity = max(1, round(budget * len(prompts)))
         run = Run(matcher, threshold, budget, capacity)
@@ -153,7 +154,7 @@ class Replayer:
             if index is not None and len(index):
                 _, sims = index.query(ee.vectors, 1)
                 run.entity_any += int(np.sum(sims[:, 0] >= threshold))
-            res = store.lookup(ee, FINGERPRINT, SHAPE, threshold, load=False)
+            res = store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold), load=False)
             if res.hit:
                 run.hits += 1
                 run.hit_pairs.append((prompts[i], res.entry.prompt if res.entry else "?"))
@@ -172,7 +173,7 @@ class Replayer:
 
 def stop_checker(default_texts: list[set[str]], prompts: list[str]):
     """stopped(text, prompt_index): True when the default stop list removes this phrase from that prompt."""
-    from comfyui_chai.cache_store.stop_entities import StopEntities
+    from comfyui_chai.cache_store.entities.stop_entities import StopEntities
 
     stop = StopEntities.default()
     index = {p: i for i, p in enumerate(prompts)}
@@ -294,9 +295,9 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     torch.set_num_threads(max(args.threads, 1))
-    from comfyui_chai.cache_store.embedders import get_embedder
-    from comfyui_chai.cache_store.entities import Entity, EntityExtractor
-    from comfyui_chai.cache_store.stop_entities import StopEntities
+    from comfyui_chai.cache_store.entities.embedders import get_embedder
+    from comfyui_chai.cache_store.entities.extract import Entity, EntityExtractor
+    from comfyui_chai.cache_store.entities.stop_entities import StopEntities
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()

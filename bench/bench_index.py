@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from comfyui_chai.cache_store.index import DEFAULT_EF, DEFAULT_EF_CONSTRUCTION, DEFAULT_M, VectorIndex  # noqa: E402
+from comfyui_chai.cache_store.index.vector_index import DEFAULT_EF, DEFAULT_EF_CONSTRUCTION, DEFAULT_M, VectorIndex  # noqa: E402
 
 FULL_SIZES = (100, 1_000, 3_000, 10_000, 30_000, 100_000)
 QUICK_SIZES = (100, 1_000, 3_000, 10_000)

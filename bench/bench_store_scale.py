@@ -57,7 +57,7 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------ data
 def phrase_pool(extracted: list[list], n_generated: int, seed: int) -> tuple[list, list[float], list]:
     """VBench entities (with their frequencies) and `n_generated` new modifier + head phrases."""
-    from comfyui_chai.cache_store.entities import Entity
+    from comfyui_chai.cache_store.entities.extract import Entity
 
     counts: Counter = Counter()
     first: dict[str, Entity] = {}
@@ -223,9 +223,10 @@ sys.path.insert(0, sys.argv[1])
 from bench.bench_store_scale import peak_rss
 t0 = time.perf_counter()
 from comfyui_chai.cache_store.config import StoreConfig
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
 from comfyui_chai.cache_store.types import EmbeddedEntities
-from comfyui_chai.cache_store.entities import Entity
+from comfyui_chai.cache_store.entities.extract import Entity
+from comfyui_chai.cache_store.lookup.rule import HitRule
 t1 = time.perf_counter()
 store = CacheStore(sys.argv[2], StoreConfig(budget_bytes=int(sys.argv[3])))
 t2 = time.perf_counter()
@@ -234,7 +235,7 @@ ident = sys.argv[5]
 hits = 0
 for row in data[:200]:
     ee = EmbeddedEntities((Entity("q", "object", "q"),), row[None, :], ident)
-    hits += store.lookup(ee, sys.argv[6], json.loads(sys.argv[7]), 0.8, touch=False).hit
+    hits += store.lookup(ee, sys.argv[6], json.loads(sys.argv[7]), HitRule(0.8), touch=False).hit
 store.close()
 print(json.dumps({"import_s": t1 - t0, "open_s": t2 - t1, "hits": hits,
                   "peak_rss": peak_rss()}))
@@ -279,11 +280,12 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(max(args.threads, 1))
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.embedders import get_embedder
-    from comfyui_chai.cache_store.entities import EntityExtractor
-    from comfyui_chai.cache_store.index import VectorIndex
-    from comfyui_chai.cache_store.ranking import NEIGHBOURS
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.entities.embedders import get_embedder
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
+    from comfyui_chai.cache_store.index.vector_index import VectorIndex
+    from comfyui_chai.cache_store.lookup.ranking import NEIGHBOURS
+    from comfyui_chai.cache_store.folder.store import CacheStore
+    from comfyui_chai.cache_store.lookup.rule import HitRule
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()
@@ -393,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     man_bytes = sum(p.stat().st_size for p in root.glob("manifest.sqlite*"))
     lat_bytes, lat_files = dir_bytes(root / "latents")
     capture = LogCapture()
-    store_log = logging.getLogger("cache_store.store")
+    store_log = logging.getLogger("cache_store.folder.store")
     store_log.addHandler(capture)
     old_level = store_log.level
     store_log.setLevel(logging.DEBUG)
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         ents = extractor.extract(warm)
         if ents:
             ee = EmbeddedEntities(tuple(ents), embedder.embed([e.text for e in ents]), embedder.identity)
-            store.lookup(ee, FINGERPRINT, SHAPE, threshold, touch=False)
+            store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold), touch=False)
     for qi, prompt in enumerate(qprompts):
         t = time.perf_counter()
         ents = extractor.extract(prompt)
@@ -453,7 +455,7 @@ def main(argv: list[str] | None = None) -> None:
         t_cached = time.perf_counter() - t
         ee = EmbeddedEntities(tuple(ents), vecs, embedder.identity)
         t = time.perf_counter()
-        res = store.lookup(ee, FINGERPRINT, SHAPE, threshold)
+        res = store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold))
         t_look = time.perf_counter() - t
         st["extract"].append(t_ext)
         st["embed_cold"].append(t_cold)

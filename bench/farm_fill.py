@@ -45,7 +45,7 @@ def fill(db, n_entries: int, n_entities: int, seed: int = 0, log=print) -> Fill:
     import torch
 
     from comfyui_chai.cache_store import latents as lat
-    from comfyui_chai.cache_store.manifest import shape_key
+    from comfyui_chai.cache_store.types import shape_key
 
     t0 = time.perf_counter()
     rng = np.random.default_rng(seed)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from comfyui_chai.cache_store.lookup.rule import HitRule
 
 CTX = mp.get_context("fork")
 
@@ -82,7 +83,7 @@ def _replay_worker(open_store, items, prompts, pad, queue, results, render_s: fl
             if len(ee) == 0:
                 results.put((i, "none"))
                 continue
-            res = store.lookup(ee, fp, shape, threshold)
+            res = store.lookup(ee, fp, shape, HitRule(threshold))
             if res.hit:
                 time.sleep(render_s * 8 / 30)  # a fast run: 8 of 30 steps
                 results.put((i, "hit"))
@@ -151,7 +152,7 @@ def _latency_worker(store, seed: int, n_lookups: int, n_inserts: int, vectors: n
                 q = vectors[eid - 1] + 0.01 * rng.standard_normal(vectors.shape[1]).astype(np.float32)
                 ee = make_entities([(f"ent{eid}", q / np.linalg.norm(q))])
                 t = time.perf_counter()
-                res = store.lookup(ee, fp, shape, 0.8)
+                res = store.lookup(ee, fp, shape, HitRule(0.8))
                 times["lookup"].append(time.perf_counter() - t)
                 hits += res.hit
             else:

@@ -115,8 +115,8 @@ def agreement(data: Path = DATA) -> tuple[int, float, float]:
 def embed_all(prompts: Iterable[str]) -> tuple[dict, dict, dict]:
     """(prompt -> entities with roles, text -> vector for every entity's text and identity, prompt -> vector of
     the whole prompt), extracted and embedded once for every distinct prompt."""
-    from comfyui_chai.cache_store.embedders import get_embedder
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.embedders import get_embedder
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
     prompts = sorted(set(prompts))
     embedder = get_embedder("minilm")
@@ -129,7 +129,7 @@ def embed_all(prompts: Iterable[str]) -> tuple[dict, dict, dict]:
 
 def rule_accepts(pairs: Iterable[Pair]) -> Callable[[float], Callable[[Pair], bool]]:
     """threshold -> accepts(pair) under the pack's hit rule, on entities extracted and embedded once."""
-    from comfyui_chai.cache_store.hit_rule import HitRule
+    from comfyui_chai.cache_store.lookup.rule import HitRule
 
     pairs = list(pairs)
     ents, vec, _ = embed_all([p.request for p in pairs] + [p.donor for p in pairs])

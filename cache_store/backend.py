@@ -1,18 +1,44 @@
-"""The store interface the service, the nodes and the CLI use; a cache folder (CacheStore) is one implementation.
+"""What a storage backend is: the CacheBackend protocol the service, the nodes and the CLI use, the LookupSource
+the shared lookup (lookup/flow.py) reads, with the SQL contract of its `db`, and the StoreBase every backend
+builds on. A cache folder (folder/) and a PostgreSQL cache (postgres/) are the two backends; `open_store` picks
+one by location. Nothing here names files, SQLite or hnswlib.
 
-A second backend (PostgreSQL, for many workers on many machines) implements the same protocol. Everything here
-is about entries, budgets and reports; nothing names files, SQLite or hnswlib.
+The SQL contract. The ranking (lookup/ranking.py) runs plain SQL on `LookupSource.db`:
+
+- `db.query(sql, params)` returns a list of row tuples; placeholders are `?` (the backend translates them);
+- `db.PINNED_JOIN`: the join keyword that keeps the join order as written (SQLite "CROSS JOIN", else "JOIN");
+- `WITH ... AS (VALUES (?,?,?), ...)` common table expressions, `EXISTS` subqueries, `GROUP BY`, `LIMIT ?`;
+- tables and the columns read:
+  `groups(id, fingerprint, shape)`: one row per (model fingerprint, `types.shape_key` of the latent shape);
+  `entries(id, fingerprint, shape)`; `entities(id, text, kind, head, core)`, `id` being the label the entity
+  has in the vector index; `postings(group_id, entity_id, entry_id, role)`, one row per entity of an entry,
+  `role` one of `entities.roles.ROLES`.
+
+A backend that keeps no SQL would hand the lookup an object that answers these queries (or emulates the tables).
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
+from . import latents as lat
+from .errors import CacheEntryError, CacheError, InvalidEntryError
+from .index.keeper import IndexKeeper
+from .lookup.rule import HitRule
 from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
+from .validate import check_latents
+
+log = logging.getLogger(__name__)
+
+SAVE_INDEX_EVERY = 1000  # logged entity changes before this process persists the index again ...
+SAVE_INDEX_INTERVAL = 300.0  # ... but at most every 5 minutes: a save writes the whole index (~90 MB at 100k);
+                             # a reopen replays whatever the change log recorded since the last save
 
 
 @runtime_checkable
 class CacheBackend(Protocol):
-    """Operations on one named cache of donor latents (see DESIGN.md section 4)."""
+    """Operations on one named cache of donor latents (docs/cache-store.md)."""
 
     @property
     def generation(self) -> int:
@@ -30,9 +56,9 @@ class CacheBackend(Protocol):
                meta: Mapping[str, Any] | None = None) -> InsertResult:
         """Validate and store a full run's donor latents, evicting by policy so the budget holds on return."""
 
-    def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], threshold: float,
-               touch: bool = True, load: bool = True, scenes_must_agree: bool = True) -> LookupResult:
-        """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
+    def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], rule: HitRule,
+               touch: bool = True, load: bool = True) -> LookupResult:
+        """Best compatible entry that `rule` lets serve the request, or a miss with its reason."""
 
     def load_latents(self, entry_id: int) -> tuple[dict[str, Any], list[float]]:
         """An entry's verified tensors and the sigmas they were captured at."""
@@ -59,10 +85,52 @@ class CacheBackend(Protocol):
         """Release the backend's resources."""
 
 
-class StoredSettings:
-    """Budget and policy read from where a backend keeps them (`_settings`), and closing on leaving a `with`."""
+class LookupSource(Protocol):
+    """What a backend offers the shared lookup (lookup/flow.py)."""
+
+    keeper: IndexKeeper
+
+    @property
+    def db(self) -> Any:
+        """The object the ranking queries run on (the SQL contract in this module's docstring)."""
+
+    def stored_embedder(self) -> str | None:
+        """The embedder the cache's vectors come from (None while empty)."""
+
+    def entry(self, entry_id: int) -> EntryInfo | None:
+        """One entry, or None (gone or malformed)."""
+
+    def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
+        """An entry's verified tensors; CacheEntryError when they cannot serve."""
+
+    def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
+        """Refresh recency if possible; the entry as it is now."""
+
+    def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
+        """Remove entries that failed to load (and keep their bytes for inspection where the backend can)."""
+
+
+class StoreBase:
+    """What every backend shares: budget and policy read from where it keeps them (`_settings`), verified reads
+    (`_entry_bytes`), best-effort recency (`_touch_entry`), the index-save cadence, closing on leaving a `with`."""
+
+    root: Any
+    keeper: IndexKeeper
+    _warned_touch = False
 
     def _settings(self) -> tuple[int, str]:
+        raise NotImplementedError
+
+    def _entry_bytes(self, entry: EntryInfo) -> tuple[bytes, str, str]:
+        """An entry's stored bytes, the checksum committed with them, and how messages name them."""
+        raise NotImplementedError
+
+    def _touch_entry(self, entry: EntryInfo) -> EntryInfo:
+        """Refresh an entry's recency; the entry as it is now (CacheError when the backend refuses)."""
+        raise NotImplementedError
+
+    def _save_index(self) -> None:
+        """Persist the keeper's index (under whatever lock the backend needs)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -77,6 +145,37 @@ class StoredSettings:
     def policy(self) -> str:
         """The cache's eviction policy, as the cache itself stores it."""
         return self._settings()[1]
+
+    def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
+        """Tensors of an entry: checksum verified, finite, of the entry's shape and dtype."""
+        data, digest, what = self._entry_bytes(entry)
+        tensors = lat.tensors_verified(data, digest, what)
+        try:
+            _, dtype = check_latents(tensors, entry.shape)
+        except InvalidEntryError as exc:
+            raise CacheEntryError(f"{what}: {exc}") from exc
+        if dtype != entry.dtype:
+            raise CacheEntryError(f"{what} holds {dtype}, the entry says {entry.dtype}")
+        return tensors
+
+    def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
+        """Refresh recency; when the backend refuses (a full disk, a read-only server) serve the hit anyway and
+        warn once."""
+        try:
+            return self._touch_entry(entry)
+        except CacheError as exc:
+            if not self._warned_touch:
+                log.warning("[CHAI] cache %s: could not record a hit's recency (%s); hits are still served",
+                            self.root, exc)
+                self._warned_touch = True
+            return entry
+
+    def _save_index_if_due(self, *, opening: bool = False) -> None:
+        """Save the index after SAVE_INDEX_EVERY logged changes, at most every SAVE_INDEX_INTERVAL seconds (at
+        once after a large rebuild on open: rebuilding is slow)."""
+        if self.keeper.unsaved >= SAVE_INDEX_EVERY and (
+                opening or time.monotonic() - self.keeper.last_save >= SAVE_INDEX_INTERVAL):
+            self._save_index()
 
     def __enter__(self) -> Any:
         return self

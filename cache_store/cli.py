@@ -8,15 +8,13 @@ import argparse
 import sqlite3
 import sys
 from pathlib import Path
-from typing import Any
 
 from .config import StoreConfig, budget_from_gb
 from .errors import CacheError
-from .maintenance import verify_folder
 from .naming import cache_dir
+from .open_store import open_store, verify_store
+from .postgres.url import LOCAL, URL_ENV, ServerURL, redact, resolve
 from .service import default_root
-from .server_url import LOCAL, URL_ENV, ServerURL, redact, resolve
-from .store import CacheStore
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,31 +50,14 @@ def _server(args: argparse.Namespace) -> ServerURL | None:
     return None if args.root is not None else resolve(None)
 
 
-def open_store(args: argparse.Namespace, server: ServerURL | None) -> Any:
-    """The cache the arguments name, opened with its own settings."""
-    if server is None:
-        return CacheStore(cache_dir(args.root or default_root(), args.name), StoreConfig())
-    from .pg_store import PgCacheStore
-
-    return PgCacheStore(server, args.name, StoreConfig(), index_root=args.root or default_root())
-
-
 def run(args: argparse.Namespace) -> str:
     """Execute one command and return its report."""
     server = _server(args)
+    root = args.root or default_root()
+    location = cache_dir(root, args.name) if server is None else server
     if args.command == "verify":  # read-only: never opens the store (opening adopts and quarantines files)
-        if server is None:
-            return verify_folder(cache_dir(args.root or default_root(), args.name)).report()
-        from .pg_db import PgDb
-        from .pg_maintenance import verify
-        from .pg_schema import schema_name
-
-        db = PgDb(server, schema_name(args.name))
-        try:
-            return verify(db, args.name).report()
-        finally:
-            db.close()
-    with open_store(args, server) as store:
+        return verify_store(location, name=args.name).report()
+    with open_store(location, StoreConfig(), name=args.name, local_root=root) as store:
         if args.command == "stats":
             return store.stats().report()
         if args.command == "list":

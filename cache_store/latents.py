@@ -81,14 +81,13 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def read_verified(path: Path, expected: str) -> dict[str, Any]:
-    """Load an entry's tensors after checking its checksum; raise CacheEntryError otherwise (symlinks refused)."""
+def read_entry_bytes(path: Path) -> bytes:
+    """An entry file's bytes; CacheEntryError when it is missing, unreadable or no regular file (a symlink)."""
     try:
-        data = read_regular_file(path)
+        return read_regular_file(path)
     except OSError as exc:
         raise CacheEntryError(f"latent file {path.name} is missing, unreadable or not a regular file "
                               f"({exc.strerror or exc})") from exc
-    return tensors_verified(data, expected, f"latent file {path.name}")
 
 
 def tensors_verified(data: bytes, expected: str, what: str) -> dict[str, Any]:

@@ -11,9 +11,11 @@ from typing import Any, Mapping, Sequence
 
 from .config import StoreConfig
 from .errors import CacheError, CacheUnavailableError
+from .lookup.rule import HitRule
 from .naming import cache_dir, encodable_text
-from .server_url import ServerURL, resolve
-from .store import CacheStore, NothingToStoreError
+from .open_store import open_store
+from .postgres.url import ServerURL, resolve
+from .prepare import NothingToStoreError
 from .types import EmbeddedEntities, InsertResult, LookupResult
 
 log = logging.getLogger(__name__)
@@ -46,16 +48,10 @@ class ChaiCache:
                  scenes_must_agree: bool = True) -> None:
         self.settings = StoreConfig(budget_bytes=budget_bytes, policy=policy)
         self.server = server
-        self.store: Any
-        if server is None:
-            self.root: Path | str = Path(root)
-            self.store = CacheStore(self.root, self.settings)
-        else:
-            from .pg_store import PgCacheStore
-
-            # root: the local folder that keeps this worker's copy of the entity index
-            self.store = PgCacheStore(server, name or "default", self.settings, index_root=root)
-            self.root = self.store.root
+        # root: the cache folder, or (with a server) the local folder that keeps this worker's entity index
+        self.store: Any = open_store(root if server is None else server, self.settings, name=name or "default",
+                                     local_root=root)
+        self.root: Path | str = Path(root) if server is None else self.store.root
         self._embedder_spec = embedder
         self._embedder = None if isinstance(embedder, str) else embedder
         self._spacy_pipeline = spacy_pipeline
@@ -70,7 +66,7 @@ class ChaiCache:
         """The default embedder (loaded on first use)."""
         with self._lock:
             if self._embedder is None:
-                from .embedders import get_embedder
+                from .entities.embedders import get_embedder
 
                 self._embedder = get_embedder(self._embedder_spec)
             return self._embedder
@@ -80,7 +76,7 @@ class ChaiCache:
         """The spaCy entity extractor (loaded on first use)."""
         with self._lock:
             if self._extractor is None:
-                from .entities import EntityExtractor
+                from .entities.extract import EntityExtractor
 
                 self._extractor = EntityExtractor(self._spacy_pipeline)
             return self._extractor
@@ -89,6 +85,11 @@ class ChaiCache:
     def threshold(self) -> float:
         """Similarity threshold: the configured one, else the embedder's calibrated default."""
         return self._threshold if self._threshold is not None else float(self.embedder.default_threshold)
+
+    def rule(self, threshold: float | None = None) -> HitRule:
+        """The hit rule a lookup applies: this cache's threshold (or `threshold`) and scene policy."""
+        return HitRule(self.threshold if threshold is None else float(threshold),
+                       scenes_must_agree=self.scenes_must_agree)
 
     def embed_prompt(self, prompt: str, embedder: Any = None) -> EmbeddedEntities:
         """Extract a prompt's entities and embed them (no entities gives an empty result, not an error)."""
@@ -107,9 +108,9 @@ class ChaiCache:
     def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int],
                threshold: float | None = None) -> LookupResult:
         """Store lookup that turns a damaged manifest into a miss with a repair hint instead of a traceback."""
-        thr = self.threshold if threshold is None else float(threshold)
+        rule = self.rule(threshold)
         try:
-            return self.store.lookup(entities, fingerprint, shape, thr, scenes_must_agree=self.scenes_must_agree)
+            return self.store.lookup(entities, fingerprint, shape, rule)
         except CacheUnavailableError as exc:  # a server restarting: a miss that says so
             log.warning("[CHAI] cache lookup treated as a miss: %s", exc)
             return LookupResult(False, str(exc))
@@ -199,10 +200,6 @@ class _Handles:
                 continue
         return float("nan")
 
-    def folders(self) -> list[str]:
-        with self._lock:
-            return sorted({str(c.root) for c in self._opened})
-
     def close_all(self) -> None:
         with self._lock:
             caches = list(self._opened)
@@ -225,7 +222,7 @@ def open_cache(root: str | os.PathLike, name: str, *, budget_bytes: int | None =
     """A ChaiCache for root/name owned by `owner` (e.g. a node id), or for cache `name` on a PostgreSQL server.
 
     `server` is the CHAI Cache node's server input: "" or None -> $CHAI_CACHE_URL / $CHAI_CACHE_URL_FILE if set,
-    else the folder root/name; "local" -> the folder; "postgresql://..." -> that server (see server_url). A server
+    else the folder root/name; "local" -> the folder; "postgresql://..." -> that server (see postgres/url.py). A server
     cache keeps this worker's entity index under root.
 
     The same owner asking again with the same settings gets its handle back; with other settings its previous
@@ -254,15 +251,6 @@ def reader_generation(reader: str) -> Any:
     reads changed. A fresh NaN never compares equal, so an unknown reader always re-runs.
     """
     return _HANDLES.generation(reader)
-
-
-def store_generations() -> tuple[tuple[str, Any], ...]:
-    """(folder, generation) of every cache opened through open_cache, by folder (NaN once unreadable or closed).
-
-    Kept for callers that watch all caches; the lookup node uses reader_generation, which watches only the
-    cache it reads.
-    """
-    return tuple((folder, _HANDLES.folder_generation(folder)) for folder in _HANDLES.folders())
 
 
 def close_all() -> None:

@@ -1,13 +1,22 @@
 """Plain data passed between the extractor, the embedders, the store and the nodes."""
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .entities import Entity
+    from .entities.extract import Entity
+
+LOG_KEEP = 200_000  # change-log rows kept for other processes to catch up; older readers rebuild instead
+
+
+def shape_key(shape: Sequence[int]) -> str:
+    """Canonical text of a latent shape, as stored and compared (by every backend)."""
+    return json.dumps([int(s) for s in shape])
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .errors import InvalidEntryError
-from .roles import ROLES
+from .entities.roles import ROLES
+from .errors import EmbedderMismatchError, InvalidEntryError
 
 UNIT_TOLERANCE = 1e-3
 MAX_TEXT = 100_000       # characters of a prompt
@@ -195,3 +195,13 @@ def record_from_file(data: bytes, vectors_key: str, file_format: str) -> tuple[E
     record = check_record(meta.get("prompt"), ents, vectors.numpy(), meta.get("embedder"), meta.get("fingerprint"),
                           tensors, sigmas, shape=shape, extra=extra if isinstance(extra, dict) else {})
     return record, tensors
+
+
+def check_embedder(stored: str | None, stored_dim: int | None, record: EntryRecord) -> None:
+    """EmbedderMismatchError unless the cache is empty (`stored` None) or holds vectors of this embedder and
+    dimension (every backend checks a write with this)."""
+    dim = int(record.vectors.shape[1])
+    if stored is not None and (stored != record.embedder or (stored_dim is not None and stored_dim != dim)):
+        raise EmbedderMismatchError(
+            f"this cache holds {stored_dim}-d vectors of embedder {stored!r}; it cannot store {dim}-d vectors of "
+            f"{record.embedder!r}. Use the same embedder, or another cache name")

@@ -16,7 +16,7 @@ from .payloads import CacheHit, PromptEntities, SampleTrace
 
 
 class EmbedderLike(Protocol):
-    """What the glue reads of an embedder (cache_store.embedders.Embedder)."""
+    """What the glue reads of an embedder (cache_store.entities.embedders.Embedder)."""
 
     identity: str
     default_threshold: float

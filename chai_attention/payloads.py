@@ -59,8 +59,8 @@ class PromptEntities:
     """
 
     prompt: str
-    entities: tuple[Any, ...]  # cache_store.entities.Entity
-    embedder: Any = None  # cache_store.embedders.Embedder or None (= the cache's)
+    entities: tuple[Any, ...]  # cache_store.entities.extract.Entity
+    embedder: Any = None  # cache_store.entities.embedders.Embedder or None (= the cache's)
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

@@ -95,7 +95,7 @@ def make_items(held_out: Sequence[Combo], pool: Sequence[Combo], n: int | None, 
 def lookup_finds(cache: Any, margin: float = 0.01) -> Callable[[str, str], bool]:
     """accept(prompt, donor_prompt): the cache's hit rule accepts some entity pair of the two prompts with
     `margin` to spare (pairs at the threshold are drawn again rather than left to float rounding)."""
-    from comfyui_chai.cache_store.hit_rule import HitRule
+    from comfyui_chai.cache_store.lookup.rule import HitRule
 
     rule = HitRule(min(cache.threshold + margin, 1.0))
 

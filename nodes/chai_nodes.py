@@ -14,8 +14,8 @@ from typing import Any
 from comfy_api.latest import io
 
 from ..cache_store import CacheUnavailableError, EmbedderMismatchError, EntryTooLargeError
-from ..cache_store.embedders.function import FunctionEmbedder
-from ..cache_store.entities import EntityExtractor
+from ..cache_store.entities.embedders.function import FunctionEmbedder
+from ..cache_store.entities.extract import EntityExtractor
 from ..cache_store.service import note_lookup, reader_generation
 from ..chai_attention.adapters import supported_families
 from ..chai_attention.cache_io import CacheLike, WriteOutcome, WriteReport, write_trace

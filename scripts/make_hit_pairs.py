@@ -23,6 +23,7 @@ import random
 import shutil
 import sys
 import tempfile
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.embedders import get_embedder
-    from comfyui_chai.cache_store.entities import EntityExtractor
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.entities.embedders import get_embedder
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
+    from comfyui_chai.cache_store.folder.store import CacheStore
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     rng = random.Random(args.seed)
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         def pick(ee: EmbeddedEntities, thr: float) -> str | None:
             if not len(ee):
                 return None
-            res = store.lookup(ee, FINGERPRINT, SHAPE, thr, touch=False, load=False)
+            res = store.lookup(ee, FINGERPRINT, SHAPE, HitRule(thr), touch=False, load=False)
             return res.entry.prompt if res.hit else None
 
         pairs: dict[tuple[str, str], set[str]] = {}

@@ -14,8 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from comfyui_chai.cache_store.config import StoreConfig  # noqa: E402
-from comfyui_chai.cache_store.pg_store import PgCacheStore  # noqa: E402
-from comfyui_chai.cache_store.server_url import ServerURL  # noqa: E402
+from comfyui_chai.cache_store.postgres.store import PgCacheStore  # noqa: E402
+from comfyui_chai.cache_store.postgres.url import ServerURL  # noqa: E402
 from store_helpers import SIGMAS, ents, latents  # noqa: E402
 
 FP = "model-a"

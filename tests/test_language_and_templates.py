@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from comfyui_chai.cache_store.language import foreign_language
-from comfyui_chai.cache_store.stop_entities import StopEntities
+from comfyui_chai.cache_store.entities.language import foreign_language
+from comfyui_chai.cache_store.entities.stop_entities import StopEntities
 
 
 @pytest.mark.parametrize("prompt, code", [
@@ -27,7 +27,7 @@ def test_english_prompts_and_names_are_english(prompt):
 
 
 def test_foreign_prompts_have_no_entities(spacy_pipeline):
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
     x = EntityExtractor(spacy_pipeline)
     assert x.extract("Ein Koch flambiert Pfannkuchen in einer kleinen Restaurantküche") == []
@@ -35,7 +35,7 @@ def test_foreign_prompts_have_no_entities(spacy_pipeline):
 
 
 def test_template_phrases_are_masked_before_parsing(spacy_pipeline):
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
     stop = StopEntities.parse(["template: depth of field", "template: drone shot"])
     assert stop.mask_templates("a cat, shallow Depth  of field") == "a cat, shallow ,"

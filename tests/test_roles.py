@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from comfyui_chai.cache_store.hit_rule import HitRule
-from comfyui_chai.cache_store.roles import MAIN, SCENE, SECONDARY
+from comfyui_chai.cache_store.lookup.rule import HitRule
+from comfyui_chai.cache_store.entities.roles import MAIN, SCENE, SECONDARY
 
 
 @pytest.fixture(scope="module")
 def extract(spacy_pipeline):
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
     extractor = EntityExtractor(spacy_pipeline)
     return lambda prompt: {e.text: e.role for e in extractor.extract(prompt)}
@@ -55,7 +55,7 @@ def test_hit_rule_needs_main_or_scene_on_both_sides():
 
 
 def test_core_keeps_nouns_compounded_onto_the_head_and_drops_adjectives(spacy_pipeline):
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
     x = EntityExtractor(spacy_pipeline)
     cores = {e.text: e.core or e.head for p in ("a red sports car on a road", "a sea lion on a pier",
@@ -66,7 +66,7 @@ def test_core_keeps_nouns_compounded_onto_the_head_and_drops_adjectives(spacy_pi
 
 
 def test_same_thing_refuses_a_modifier_taken_for_a_head_and_guards_compound_identity():
-    from comfyui_chai.cache_store.entities import Entity
+    from comfyui_chai.cache_store.entities.extract import Entity
 
     rule = HitRule(0.7)
     sausage_dog = Entity("sausage dog", "object", "dog", MAIN, "sausage dog")

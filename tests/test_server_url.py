@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from comfyui_chai.cache_store.server_url import BackendURLError, ServerURL, mask_url, redact, resolve
+from comfyui_chai.cache_store.postgres.url import BackendURLError, ServerURL, mask_url, redact, resolve
 from store_helpers import PYTHON, subprocess_env
 
 URL = "postgresql://render:hunter2@db.farm.example:5433/chai?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem"
@@ -74,7 +74,7 @@ def test_a_missing_driver_says_how_to_install_it(monkeypatch):
     import sys
 
     from comfyui_chai.cache_store.errors import CacheError
-    from comfyui_chai.cache_store.pg_db import PgDb
+    from comfyui_chai.cache_store.postgres.db import PgDb
 
     monkeypatch.setitem(sys.modules, "psycopg", None)
     with pytest.raises(CacheError, match=r"pip install 'psycopg\[binary\]>=3.1'"):

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from comfyui_chai.cache_store.embedders import FunctionEmbedder
+from comfyui_chai.cache_store.entities.embedders import FunctionEmbedder
 from comfyui_chai.cache_store.errors import CacheNameError
 from comfyui_chai.cache_store.service import ChaiCache, close_all, open_cache
 from store_helpers import SIGMAS, latents

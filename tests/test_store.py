@@ -17,8 +17,10 @@ from comfyui_chai.cache_store.config import StoreConfig, budget_from_gb
 from comfyui_chai.cache_store.errors import (CacheNameError, CacheWriteError, EmbedderMismatchError, EntryTooLargeError,
                                 FormatVersionError)
 from comfyui_chai.cache_store.naming import cache_dir
-from comfyui_chai.cache_store.index_sync import IndexKeeper
-from comfyui_chai.cache_store.store import CacheStore, NothingToStoreError
+from comfyui_chai.cache_store.index.keeper import IndexKeeper
+from comfyui_chai.cache_store.folder.store import CacheStore
+from comfyui_chai.cache_store.prepare import NothingToStoreError
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from store_backends import stored_blobs, total_counter
 from store_helpers import SIGMAS, ents, latents
 
@@ -42,7 +44,7 @@ def store(opener):
 def test_hit_reports_matched_entity_donor_prompt_and_latents(store):
     lt = latents(1)
     store.insert("a red ball on a beach", ents("red ball", "beach"), FP, lt, SIGMAS)
-    res = store.lookup(ents("blue ball", "forest"), FP, SHAPE, THR)
+    res = store.lookup(ents("blue ball", "forest"), FP, SHAPE, HitRule(THR))
     assert res.hit, res.reason
     assert res.entry.prompt == "a red ball on a beach"
     assert [(m.query, m.entity) for m in res.matches] == [("blue ball", "red ball")]
@@ -61,17 +63,17 @@ def test_both_backends_implement_the_store_interface(store):
 
 
 def test_misses_say_why(store):
-    assert store.lookup(ents("dog"), FP, SHAPE, THR).reason == "the cache is empty"
+    assert store.lookup(ents("dog"), FP, SHAPE, HitRule(THR)).reason == "the cache is empty"
     store.insert("a dog", ents("dog"), FP, latents(), SIGMAS)
-    assert not store.lookup(ents(), FP, SHAPE, THR).hit
-    assert "no entities" in store.lookup(ents(), FP, SHAPE, THR).reason
-    miss = store.lookup(ents("car"), FP, SHAPE, THR)
+    assert not store.lookup(ents(), FP, SHAPE, HitRule(THR)).hit
+    assert "no entities" in store.lookup(ents(), FP, SHAPE, HitRule(THR)).reason
+    miss = store.lookup(ents("car"), FP, SHAPE, HitRule(THR))
     assert not miss.hit and "closest: 'car'~'dog'" in miss.reason
-    other_model = store.lookup(ents("dog"), "model-b", SHAPE, THR)
+    other_model = store.lookup(ents("dog"), "model-b", SHAPE, HitRule(THR))
     assert not other_model.hit and "another model" in other_model.reason
-    other_shape = store.lookup(ents("dog"), FP, (1, 4, 3, 4, 4), THR)
+    other_shape = store.lookup(ents("dog"), FP, (1, 4, 3, 4, 4), HitRule(THR))
     assert not other_shape.hit and "latent shape" in other_shape.reason
-    other_emb = store.lookup(ents("dog", embedder="other@2"), FP, SHAPE, THR)
+    other_emb = store.lookup(ents("dog", embedder="other@2"), FP, SHAPE, HitRule(THR))
     assert not other_emb.hit and "embedder" in other_emb.reason
 
 
@@ -79,9 +81,9 @@ def test_most_matched_entities_wins_then_summed_similarity(store):
     store.insert("dog only", ents("dog"), FP, latents(1), SIGMAS)
     both = store.insert("dog on beach", ents("dog", "beach"), FP, latents(2), SIGMAS).entry_id
     exact = store.insert("brown dog", ents("brown dog"), FP, latents(3), SIGMAS).entry_id
-    assert store.lookup(ents("dog", "beach"), FP, SHAPE, THR).entry.id == both
+    assert store.lookup(ents("dog", "beach"), FP, SHAPE, HitRule(THR)).entry.id == both
     # one matched entity each: the higher similarity wins
-    assert store.lookup(ents("brown dog"), FP, SHAPE, THR).entry.id == exact
+    assert store.lookup(ents("brown dog"), FP, SHAPE, HitRule(THR)).entry.id == exact
 
 
 def test_popular_entity_cannot_crowd_out_best_entry(opener, monkeypatch):
@@ -92,7 +94,7 @@ def test_popular_entity_cannot_crowd_out_best_entry(opener, monkeypatch):
         target = s.insert("dog in forest", ents("dog", "forest"), FP, latents(99), SIGMAS).entry_id
         for i in range(60, 120):
             s.insert(f"dog {i}", ents("dog", f"thing{i}"), FP, latents(i), SIGMAS)
-        assert s.lookup(ents("dog", "forest"), FP, SHAPE, THR).entry.id == target
+        assert s.lookup(ents("dog", "forest"), FP, SHAPE, HitRule(THR)).entry.id == target
         # one vector per distinct entity, however many entries hold it
         assert s.stats().entities == 1 + 120 + 1
 
@@ -100,10 +102,10 @@ def test_popular_entity_cannot_crowd_out_best_entry(opener, monkeypatch):
 def test_hit_refreshes_recency_and_counts(store):
     a = store.insert("a dog", ents("dog"), FP, latents(), SIGMAS).entry_id
     before = store.entry(a)
-    store.lookup(ents("dog"), FP, SHAPE, THR)
+    store.lookup(ents("dog"), FP, SHAPE, HitRule(THR))
     after = store.entry(a)
     assert after.hits == before.hits + 1 and after.last_used >= before.last_used
-    store.lookup(ents("dog"), FP, SHAPE, THR, touch=False)
+    store.lookup(ents("dog"), FP, SHAPE, HitRule(THR), touch=False)
     assert store.entry(a).hits == after.hits
 
 
@@ -118,9 +120,9 @@ def test_eviction_order(opener, tmp_path, policy):
         b = s.insert("b", ents("boat"), FP, latents(2), SIGMAS).entry_id
         c = s.insert("c", ents("cat"), FP, latents(3), SIGMAS).entry_id
         for _ in range(3):
-            assert s.lookup(ents("apple"), FP, SHAPE, THR).entry.id == a
-        assert s.lookup(ents("cat"), FP, SHAPE, THR).entry.id == c   # c is now the most recent
-        assert s.lookup(ents("boat"), FP, SHAPE, THR).entry.id == b   # b most recent, but used once
+            assert s.lookup(ents("apple"), FP, SHAPE, HitRule(THR)).entry.id == a
+        assert s.lookup(ents("cat"), FP, SHAPE, HitRule(THR)).entry.id == c   # c is now the most recent
+        assert s.lookup(ents("boat"), FP, SHAPE, HitRule(THR)).entry.id == b   # b most recent, but used once
         d = s.insert("d", ents("duck"), FP, latents(4), SIGMAS)
         # LRU: a was used longest ago. LFU: c and b have one hit each, c's was longer ago.
         assert d.evicted == ((a,) if policy == "lru" else (c,))
@@ -137,7 +139,7 @@ def test_eviction_removes_latents_postings_and_orphan_entity_vectors(opener, tmp
         texts = {r[0] for r in s.db.query("SELECT text FROM entities")}
         assert texts == {"dog", "cat"}                 # apple's vector went with its last entry
         assert len(s._index) == 2
-        assert not s.lookup(ents("apple"), FP, SHAPE, 0.99).hit
+        assert not s.lookup(ents("apple"), FP, SHAPE, HitRule(0.99)).hit
         assert stored_blobs(s) == 2
         assert s.db.query("SELECT COUNT(*) FROM postings WHERE entry_id=?", (first.entry_id,))[0][0] == 0
 
@@ -151,7 +153,7 @@ def test_budget_never_exceeded_across_random_inserts(opener, tmp_path, monkeypat
     with opener("c", StoreConfig(budget, rng.choice(["lru", "lfu"]))) as s:
         for i in range(1500 if opener.kind == "folder" else 500):
             if rng.random() < 0.3:
-                s.lookup(ents(rng.choice(words)), FP, SHAPE, THR)
+                s.lookup(ents(rng.choice(words)), FP, SHAPE, HitRule(THR))
                 continue
             shape = rng.choice([SHAPE, (1, 4, 3, 4, 4)])
             s.insert(f"p{i}", ents(*rng.sample(words, rng.randint(1, 4))), FP, latents(i, shape), SIGMAS)
@@ -207,7 +209,7 @@ def test_disk_full_leaves_cache_unchanged(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert store.stats().entries == 1
     assert [p.name for p in store.latent_dir.iterdir()] == [store.entries()[0].file]
-    assert store.lookup(ents("dog"), FP, SHAPE, THR).hit
+    assert store.lookup(ents("dog"), FP, SHAPE, HitRule(THR)).hit
     store.close()
 
 
@@ -215,7 +217,7 @@ def test_persistence_across_reopen_uses_saved_index(tmp_path, monkeypatch):
     root = tmp_path / "c"
     with CacheStore(root, StoreConfig(10**9)) as s:
         ids = [s.insert(f"p{i}", ents(f"thing{i}", "dog"), FP, latents(i), SIGMAS).entry_id for i in range(5)]
-        s.lookup(ents("thing3"), FP, SHAPE, THR)
+        s.lookup(ents("thing3"), FP, SHAPE, HitRule(THR))
     state = json.loads((root / "index" / "state.json").read_text())
     assert (root / "index" / state["file"]).exists()
 
@@ -225,7 +227,7 @@ def test_persistence_across_reopen_uses_saved_index(tmp_path, monkeypatch):
     monkeypatch.setattr(IndexKeeper, "rebuild", no_rebuild)
     with CacheStore(root, StoreConfig(10**9)) as s2:
         assert sorted(e.id for e in s2.entries()) == ids
-        res = s2.lookup(ents("thing3"), FP, SHAPE, THR)
+        res = s2.lookup(ents("thing3"), FP, SHAPE, HitRule(THR))
         assert res.hit and res.entry.prompt == "p3" and res.entry.hits == 2
 
 
@@ -234,11 +236,11 @@ def test_two_handles_see_each_others_writes_and_evictions(opener, tmp_path):
     a, b = opener("c", StoreConfig(budget)), opener("c", StoreConfig(budget))
     try:
         first = a.insert("a dog", ents("dog"), FP, latents(1), SIGMAS).entry_id
-        assert b.lookup(ents("dog"), FP, SHAPE, THR).entry.id == first
+        assert b.lookup(ents("dog"), FP, SHAPE, HitRule(THR)).entry.id == first
         b.insert("a cat", ents("cat"), FP, latents(2), SIGMAS)
         b.insert("a cow", ents("cow"), FP, latents(3), SIGMAS)   # evicts the dog (LRU)
-        assert not a.lookup(ents("dog"), FP, SHAPE, 0.99).hit
-        assert a.lookup(ents("cow"), FP, SHAPE, THR).hit
+        assert not a.lookup(ents("dog"), FP, SHAPE, HitRule(0.99)).hit
+        assert a.lookup(ents("cow"), FP, SHAPE, HitRule(THR)).hit
         assert a.generation == b.generation
     finally:
         a.close()
@@ -257,7 +259,7 @@ def test_clear_and_prune(store, tmp_path):
     assert stats.entries == 0 and stats.entities == 0 and stats.embedder is None
     assert stored_blobs(store) == 0
     store.insert("again", ents("dog", embedder="other@2"), FP, latents(), SIGMAS)  # a cleared cache takes any embedder
-    assert store.lookup(ents("dog", embedder="other@2"), FP, SHAPE, THR).hit
+    assert store.lookup(ents("dog", embedder="other@2"), FP, SHAPE, HitRule(THR)).hit
 
 
 def test_newer_format_is_refused_with_advice(tmp_path):

@@ -14,11 +14,12 @@ import torch
 from comfyui_chai.cache_store import latents as lat
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.errors import CacheError, CacheNameError, InvalidEntryError, ManifestError
-from comfyui_chai.cache_store.maintenance import verify_folder
-from comfyui_chai.cache_store.manifest import advice
+from comfyui_chai.cache_store.folder.maintenance import verify_folder
+from comfyui_chai.cache_store.folder.manifest import advice
 from comfyui_chai.cache_store.naming import cache_dir
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
 from comfyui_chai.cache_store.types import EmbeddedEntities
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from store_faults import (FP, SHAPE, THR, check, corrupt_hnsw_index, craft_file, edit_manifest, fill, folder_state,
                           kill_during_rebuild, killed_writer_then_wal_lost, lose_manifest, run_cli)
 from store_helpers import PYTHON, SIGMAS, ents, latents, subprocess_env
@@ -110,7 +111,7 @@ def test_a_file_lying_about_its_shape_is_never_served(tmp_path):
                tensor_shape=(1, 4, 3, 4, 4))
     with CacheStore(root) as s:
         assert s.stats().entries == 2
-        assert not s.lookup(ents("thing7"), FP, (1, 4, 1, 4, 4), THR).hit
+        assert not s.lookup(ents("thing7"), FP, (1, 4, 1, 4, 4), HitRule(THR)).hit
     assert check(root, 2).quarantined == 1
 
 
@@ -142,7 +143,7 @@ def test_a_zero_vector_already_in_the_manifest_bricks_nothing(tmp_path):
     fill(root, 3)
     edit_manifest(root, f"UPDATE entities SET vector=X'{'00' * 4 * 32}' WHERE text='thing1'")
     with CacheStore(root) as s:
-        assert s.lookup(ents("thing2"), FP, SHAPE, THR).entry.prompt == "seed=2"
+        assert s.lookup(ents("thing2"), FP, SHAPE, HitRule(THR)).entry.prompt == "seed=2"
         assert any("not finite unit" in p for p in s.verify().problems)
         s.repair()
         assert not s.verify().problems
@@ -168,10 +169,11 @@ def test_verify_changes_nothing_and_lists_every_problem(tmp_path):
 # ----------------------------------------------------------------------------- 7. a crafted hnsw graph
 CRAFTED_LOOKUP = textwrap.dedent("""
     import sys
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
+    from comfyui_chai.cache_store.lookup.rule import HitRule
     from store_helpers import ents
     with CacheStore(sys.argv[1], index_kwargs={"backend": "hnsw"}) as s:
-        print("hit" if s.lookup(ents("thing3"), "model-a", (1, 4, 2, 4, 4), 0.8).hit else "miss", flush=True)
+        print("hit" if s.lookup(ents("thing3"), "model-a", (1, 4, 2, 4, 4), HitRule(0.8)).hit else "miss", flush=True)
 """)
 
 
@@ -235,7 +237,7 @@ def test_lone_surrogates_are_stored_as_replacement_characters(tmp_path):
 
 
 def test_lone_surrogate_prompt_extracts_without_error(spacy_pipeline):
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
     found = EntityExtractor(spacy_pipeline).extract("a dog \udc80 on a beach")
     assert "dog" in [e.text for e in found]
@@ -262,7 +264,7 @@ def test_a_full_disk_is_a_cache_error_with_advice_and_hits_still_serve(tmp_path,
             raise ManifestError(advice(sqlite3.OperationalError("database or disk is full")))
 
         monkeypatch.setattr(s, "touch", full)
-        res = s.lookup(ents("thing1"), FP, SHAPE, THR)
+        res = s.lookup(ents("thing1"), FP, SHAPE, HitRule(THR))
         assert res.hit and torch.equal(res.latents["step2"], latents(1)["step2"])
     assert not [p for p in (root / "latents").iterdir() if p.name.startswith(".tmp")]
 
@@ -282,7 +284,7 @@ def test_a_directory_in_place_of_a_latent_file_is_cleared_by_repair(tmp_path):
     (root / "latents" / files[1]).unlink()
     (root / "latents" / files[1]).mkdir()
     with CacheStore(root) as s:
-        assert s.lookup(ents("thing1", "dog"), FP, SHAPE, THR).entry.prompt != "seed=1"
+        assert s.lookup(ents("thing1", "dog"), FP, SHAPE, HitRule(THR)).entry.prompt != "seed=1"
         problems = s.verify().problems
         report = s.repair()
         assert report.repaired and not s.verify().problems, (problems, report.report())
@@ -297,7 +299,7 @@ def test_symlink_in_place_of_a_latent_file_is_not_followed(tmp_path):
     victim.unlink()
     victim.symlink_to(target)
     with CacheStore(root) as s:
-        res = s.lookup(ents("thing1", "dog"), FP, SHAPE, THR)
+        res = s.lookup(ents("thing1", "dog"), FP, SHAPE, HitRule(THR))
         assert res.hit and res.entry.prompt != "seed=1"
 
 
@@ -311,7 +313,7 @@ def test_power_loss_snapshots_open_without_losing_committed_entries(tmp_path):
     script = tmp_path / "w.py"
     script.write_text(textwrap.dedent("""
         import sys
-        from comfyui_chai.cache_store.store import CacheStore
+        from comfyui_chai.cache_store.folder.store import CacheStore
         from store_helpers import SIGMAS, ents, latents
         with CacheStore(sys.argv[1]) as s:
             for i in range(1, 40):

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from comfyui_chai.cache_store.config import StoreConfig
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from store_helpers import PYTHON, SIGMAS, ents, latents, subprocess_env
 
 FP = "model-a"
@@ -24,13 +25,14 @@ THR = 0.8
 # survivor can be checked bit for bit against what was meant to be written.
 WRITER = textwrap.dedent("""
     import random, sys
-    import comfyui_chai.cache_store.store as store_mod
+    import comfyui_chai.cache_store.backend as backend_mod
     from comfyui_chai.cache_store.config import StoreConfig
-    from comfyui_chai.cache_store.store import CacheStore
+    from comfyui_chai.cache_store.folder.store import CacheStore
+    from comfyui_chai.cache_store.lookup.rule import HitRule
     from store_helpers import SIGMAS, ents, latents
     root, wid, budget, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    store_mod.SAVE_INDEX_EVERY = 3          # persist the index often, so kills land inside saves too
-    store_mod.SAVE_INDEX_INTERVAL = 0.0
+    backend_mod.SAVE_INDEX_EVERY = 3          # persist the index often, so kills land inside saves too
+    backend_mod.SAVE_INDEX_INTERVAL = 0.0
     rng = random.Random(wid)
     s = CacheStore(root, StoreConfig(budget))
     print("ready", flush=True)
@@ -39,7 +41,7 @@ WRITER = textwrap.dedent("""
         seed = wid * 100000 + i
         words = rng.sample([f"w{k}" for k in range(30)], rng.randint(1, 3))
         s.insert(f"seed={seed}", ents(*words), "model-a", latents(seed), [0.9, 0.8, 0.7])
-        res = s.lookup(ents(rng.choice(words)), "model-a", (1, 4, 2, 4, 4), 0.8)
+        res = s.lookup(ents(rng.choice(words)), "model-a", (1, 4, 2, 4, 4), HitRule(0.8))
         if res.hit:
             want = latents(int(res.entry.prompt.split("=")[1]))
             assert all((res.latents[k] == want[k]).all() for k in want), "hit returned wrong latents"
@@ -104,7 +106,7 @@ def test_two_writer_processes_and_a_reader_lose_nothing(tmp_path):
     reader_hits = 0
     with CacheStore(root, StoreConfig(budget)) as reader:
         while any(p.poll() is None for p in procs):
-            res = reader.lookup(ents(f"w{random.randrange(30)}"), FP, SHAPE, THR)
+            res = reader.lookup(ents(f"w{random.randrange(30)}"), FP, SHAPE, HitRule(THR))
             if res.hit:
                 want = latents(int(res.entry.prompt.split("=")[1]))
                 assert all(torch.equal(res.latents[k], want[k]) for k in want)
@@ -147,7 +149,7 @@ def test_damaged_latent_file_is_a_miss_and_dropped(filled, damage):
             path.write_bytes(bytes(data))
         else:
             path.unlink()
-        res = s.lookup(ents("thing2", "dog"), FP, SHAPE, THR)
+        res = s.lookup(ents("thing2", "dog"), FP, SHAPE, HitRule(THR))
         # "dog" is shared by every entry, so the next best intact entry serves the hit instead
         assert res.hit and res.entry.prompt != "seed=2"
         assert torch.equal(res.latents["step2"], latents(int(res.entry.prompt.split("=")[1]))["step2"])
@@ -160,7 +162,7 @@ def test_damaged_only_candidate_gives_a_clear_miss(tmp_path):
     with CacheStore(root, StoreConfig(10**9)) as s:
         s.insert("seed=1", ents("cat"), FP, latents(1), SIGMAS)
         (s.latent_dir / s.entries()[0].file).write_bytes(b"garbage")
-        res = s.lookup(ents("cat"), FP, SHAPE, THR)
+        res = s.lookup(ents("cat"), FP, SHAPE, HitRule(THR))
         assert not res.hit and "unreadable" in res.reason
         assert s.stats().entries == 0
 
@@ -179,11 +181,11 @@ def test_deleted_or_garbage_index_is_rebuilt(filled):
     for p in (filled / "index").iterdir():
         p.unlink()
     with CacheStore(filled, StoreConfig(10**9)) as s:
-        assert s.lookup(ents("thing5"), FP, SHAPE, THR).entry.prompt == "seed=5"
+        assert s.lookup(ents("thing5"), FP, SHAPE, HitRule(THR)).entry.prompt == "seed=5"
     for p in (filled / "index").iterdir():
         p.write_bytes(os.urandom(64))
     with CacheStore(filled, StoreConfig(10**9)) as s:
-        assert s.lookup(ents("thing1"), FP, SHAPE, THR).entry.prompt == "seed=1"
+        assert s.lookup(ents("thing1"), FP, SHAPE, HitRule(THR)).entry.prompt == "seed=1"
     assert assert_intact(filled, 10**9) == 6
 
 
@@ -193,7 +195,7 @@ def test_garbage_manifest_is_rebuilt_from_the_latent_files(filled):
     (filled / "manifest.sqlite").write_bytes(os.urandom(4096))
     with CacheStore(filled, StoreConfig(10**9)) as s:
         assert s.stats().entries == 6
-        assert s.lookup(ents("thing3"), FP, SHAPE, THR).entry.prompt == "seed=3"
+        assert s.lookup(ents("thing3"), FP, SHAPE, HitRule(THR)).entry.prompt == "seed=3"
     kept = list((filled / "quarantine").glob("*manifest.sqlite"))   # the damaged file is kept aside, not deleted
     assert kept and kept[0].read_bytes()[:16] != b"SQLite format 3\x00"
     assert assert_intact(filled, 10**9) == 6
@@ -210,7 +212,7 @@ def test_garbage_rows_never_reach_outside_the_cache(filled, tmp_path):
     with CacheStore(filled, StoreConfig(10**9)) as s:
         # seed=1's real file lost its row, so open adopted it back; the two garbage rows stay until repair
         assert sorted(e.prompt for e in s.entries()) == sorted([f"seed={i}" for i in range(6)] + ["seed=1"])
-        assert s.lookup(ents("thing1"), FP, SHAPE, THR).entry.prompt == "seed=1"
+        assert s.lookup(ents("thing1"), FP, SHAPE, HitRule(THR)).entry.prompt == "seed=1"
         report = s.repair()
         assert sum("dropped entry" in r for r in report.repaired) == 2
     assert outside.read_bytes() == b"keep me"
@@ -260,4 +262,4 @@ def test_temporaries_of_interrupted_writes_are_swept_on_open(filled):
     with CacheStore(filled, StoreConfig(10**9)) as s:
         assert not [p for p in s.latent_dir.iterdir() if p.name.startswith(".")]
         assert not [p for p in s.index_dir.iterdir() if p.name.startswith(".")]
-        assert s.lookup(ents("thing1"), FP, SHAPE, THR).hit
+        assert s.lookup(ents("thing1"), FP, SHAPE, HitRule(THR)).hit

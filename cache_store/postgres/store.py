@@ -4,7 +4,7 @@ The server is the source of truth: entries, entity texts and vectors, postings, 
 use counts, and a monotonic change log of entity additions and deletions; the latent bytes too (bytea, the
 same self-describing safetensors bytes a cache folder keeps in files, checksummed). Each worker keeps its own
 entity index (hnswlib once large), caught up from the change log before every lookup and saved in a local
-folder, so a restart replays only what changed. See pg_rows for how writers serialise.
+folder, so a restart replays only what changed. See rows.py for how writers serialise.
 """
 from __future__ import annotations
 
@@ -17,29 +17,30 @@ from typing import Any, Mapping, Sequence
 
 from filelock import FileLock, Timeout
 
-from . import latents as lat
-from . import lookup_flow, pg_maintenance, pg_schema
-from .backend import StoredSettings
-from .config import StoreConfig
-from .errors import CacheEntryError, CacheError, CacheUnavailableError, InvalidEntryError
-from .index_sync import IndexKeeper
-from .naming import validate_cache_name
-from .pg_db import PgDb
-from .pg_read import ENTRY_SQL, PgChangeLog, entry_from_row
-from .pg_rows import State, check_embedder, delete_entries, insert_entry, victims
-from .prepare import check_fits, prepare_entry
-from .server_url import ServerURL
-from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
-from .validate import check_latents
+from .. import latents as lat
+from ..backend import StoreBase
+from ..config import StoreConfig
+from ..errors import CacheEntryError, CacheError, CacheUnavailableError
+from ..index.keeper import IndexKeeper
+from ..lookup import flow as lookup_flow
+from ..lookup.rule import HitRule
+from ..naming import validate_cache_name
+from ..prepare import check_fits, prepare_entry
+from ..types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
+from . import maintenance as pg_maintenance
+from . import schema as pg_schema
+from .change_log import PgChangeLog
+from .db import PgDb
+from .read import ENTRY_SQL, entry_from_row
+from .rows import State, delete_entries, insert_entry, victims
+from .url import ServerURL
 
 log = logging.getLogger(__name__)
 
-SAVE_INDEX_EVERY = 1000     # as the folder backend: logged changes before the local index is saved again ...
-SAVE_INDEX_INTERVAL = 300.0  # ... at most every 5 minutes
 INDEX_FOLDER = ".server-index"  # under the local cache root: <schema>-<instance>/ per cache and server
 
 
-class PgCacheStore(StoredSettings):
+class PgCacheStore(StoreBase):
     """A budgeted, entity-indexed store of donor latents on a PostgreSQL server (a CacheBackend)."""
 
     def __init__(self, server: ServerURL, name: str, config: StoreConfig | None = None, *,
@@ -50,7 +51,6 @@ class PgCacheStore(StoredSettings):
         self.schema = pg_schema.schema_name(self.name)
         self.root = f"{server.label}/{self.name}"  # what reports print (no password, no options)
         self.db = PgDb(server, self.schema)
-        self._warned_touch = False
         self._index_root = Path(index_root) if index_root is not None else Path.home() / ".cache" / "chai-cache"
         self._index_kwargs = dict(index_kwargs or {})
         self.keeper: IndexKeeper = None  # type: ignore[assignment]  # set by _open
@@ -83,9 +83,8 @@ class PgCacheStore(StoredSettings):
         keeper = IndexKeeper(PgChangeLog(self.db), self.index_dir, self._index_kwargs)
         with self._index_lock:
             keeper.load()
-            if keeper.unsaved >= SAVE_INDEX_EVERY:  # a large rebuild is slow: persist it at once
-                keeper.save()
         self.keeper = keeper
+        self._save_index_if_due(opening=True)
 
     # ------------------------------------------------------------------ settings that belong to the cache
     def _apply_settings(self, cur: Any) -> None:
@@ -132,7 +131,6 @@ class PgCacheStore(StoredSettings):
             cur.execute("INSERT INTO blobs (entry_id, data) VALUES (%s, %s)", (entry_id, data))
             state = State.lock(cur)
             check_fits(len(data), state.budget_bytes)
-            check_embedder(state, record)
             chosen = victims(cur, state.total_bytes + len(data) - state.budget_bytes, state.policy)
             evicted = delete_entries(cur, state, chosen)
             insert_entry(cur, state, record, entry_id, len(data), digest)
@@ -142,9 +140,7 @@ class PgCacheStore(StoredSettings):
 
     def _sync_index(self) -> None:
         self.keeper.sync()
-        if (self.keeper.unsaved >= SAVE_INDEX_EVERY
-                and time.monotonic() - self.keeper.last_save >= SAVE_INDEX_INTERVAL):
-            self._save_index()
+        self._save_index_if_due()
 
     def _save_index(self) -> None:
         try:
@@ -164,12 +160,11 @@ class PgCacheStore(StoredSettings):
     def _index(self) -> Any:
         return self.keeper.index if self.keeper is not None else None
 
-    def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], threshold: float,
-               touch: bool = True, load: bool = True, scenes_must_agree: bool = True) -> LookupResult:
-        """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
+    def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], rule: HitRule,
+               touch: bool = True, load: bool = True) -> LookupResult:
+        """Best compatible entry that `rule` lets serve the request, or a miss with its reason."""
         self._open()
-        return lookup_flow.lookup(self, entities, fingerprint, shape, threshold, touch=touch, load=load,
-                                  scenes_must_agree=scenes_must_agree)
+        return lookup_flow.lookup(self, entities, fingerprint, shape, rule, touch=touch, load=load)
 
     def stored_embedder(self) -> str | None:
         """The embedder of the cache's vectors (None while empty)."""
@@ -181,33 +176,17 @@ class PgCacheStore(StoredSettings):
         rows = self.db.query(ENTRY_SQL + " WHERE e.id = ?", (int(entry_id),))
         return entry_from_row(rows[0]) if rows else None
 
-    def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
-        """An entry's tensors: checksum verified, finite, of the entry's shape and dtype."""
+    def _entry_bytes(self, entry: EntryInfo) -> tuple[bytes, str, str]:
+        """An entry's latent bytes and committed checksum, from the server."""
         rows = self.db.query("SELECT b.data, e.checksum FROM blobs b JOIN entries e ON e.id = b.entry_id "
                              "WHERE b.entry_id = ?", (entry.id,), binary=True)
-        row = rows[0] if rows else None
-        if row is None:
+        if not rows:
             raise CacheEntryError(f"cache entry {entry.id} has no latent bytes on the server (evicted meanwhile?)")
-        tensors = lat.tensors_verified(bytes(row[0]), row[1], f"the latents of entry {entry.id}")
-        try:
-            _, dtype = check_latents(tensors, entry.shape)
-        except InvalidEntryError as exc:
-            raise CacheEntryError(f"the latents of entry {entry.id}: {exc}") from exc
-        if dtype != entry.dtype:
-            raise CacheEntryError(f"the latents of entry {entry.id} are {dtype}, the row says {entry.dtype}")
-        return tensors
+        return bytes(rows[0][0]), rows[0][1], f"the latents of entry {entry.id}"
 
-    def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
-        """Refresh recency; if the server refuses, serve the hit anyway and warn once."""
-        try:
-            row = self._touch(entry.id, True)
-            return replace(entry, last_used=float(row[0]), hits=int(row[1])) if row else entry
-        except CacheError as exc:
-            if not self._warned_touch:
-                log.warning("[CHAI] cache %s: could not record a hit's recency (%s); hits are still served",
-                            self.root, exc)
-                self._warned_touch = True
-            return entry
+    def _touch_entry(self, entry: EntryInfo) -> EntryInfo:
+        row = self._touch(entry.id, True)
+        return replace(entry, last_used=float(row[0]), hits=int(row[1])) if row else entry
 
     def touch(self, entry_id: int, count_hit: bool = True) -> None:
         """Refresh an entry's recency (and its use count for LFU); no lock beyond the entry's row."""
@@ -224,8 +203,8 @@ class PgCacheStore(StoredSettings):
     def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
         """Move entries whose latents failed to load to the quarantine table (bytes kept) and drop them."""
         if damaged:
-            pg_maintenance.set_aside(self, [(item if isinstance(item, int) else item.id, reason)
-                                            for item, reason in damaged])
+            pg_maintenance.set_aside(self.db, self.keeper, [(item if isinstance(item, int) else item.id, reason)
+                                                            for item, reason in damaged])
 
     def load_latents(self, entry_id: int) -> tuple[dict[str, Any], list[float]]:
         """An entry's tensors (checksum verified) and the sigmas they were captured at."""
@@ -278,7 +257,7 @@ class PgCacheStore(StoredSettings):
     def clear(self) -> int:
         """Remove every entry and entity of this cache (quarantined bytes stay); return how many entries."""
         self._open()
-        n = pg_maintenance.clear(self)
+        n = pg_maintenance.clear(self.db)
         with self._index_lock:
             for old in self.index_dir.iterdir():
                 lat.remove_files(self.index_dir, [old.name])
@@ -293,7 +272,7 @@ class PgCacheStore(StoredSettings):
     def repair(self) -> VerifyReport:
         """Fix what verify finds and report every action."""
         self._open()
-        report = pg_maintenance.repair(self)
+        report = pg_maintenance.repair(self.db, self.name)
         with self._index_lock:
             self.keeper.rebuild()
             self.keeper.save()

@@ -1,53 +1,29 @@
 """One lookup, the same for every backend: index search, the hit rule, ranking over postings, loading the donor.
 
-A backend supplies its entity index (an IndexKeeper), a `db` the ranking queries run on, and how to read,
-touch and set aside an entry; everything that decides a hit or names a miss is here, once.
+A backend supplies a `backend.LookupSource`: its entity index (an IndexKeeper), a `db` the ranking queries run
+on (the SQL contract is written down there), and how to read, touch and set aside an entry; everything that
+decides a hit or names a miss is here, once.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Protocol, Sequence
+from typing import Sequence
 
+from ..backend import LookupSource
+from ..entities.roles import SCENE
+from ..errors import CacheEntryError
+from ..types import EmbeddedEntities, EntryInfo, LookupResult, shape_key
 from . import ranking
-from .errors import CacheEntryError
-from .hit_rule import HitRule
-from .index_sync import IndexKeeper
-from .manifest import shape_key
-from .roles import ROLES, SCENE
-from .types import EmbeddedEntities, EntryInfo, LookupResult
+from .rule import HitRule
 
 log = logging.getLogger(__name__)
 
 
-class LookupSource(Protocol):
-    """What a backend offers the lookup."""
-
-    keeper: IndexKeeper
-
-    @property
-    def db(self) -> Any:
-        """The object ranking queries run on (`query(sql, params)` with '?' placeholders, `PINNED_JOIN`)."""
-
-    def stored_embedder(self) -> str | None:
-        """The embedder the cache's vectors come from (None while empty)."""
-
-    def entry(self, entry_id: int) -> EntryInfo | None:
-        """One entry, or None (gone or malformed)."""
-
-    def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
-        """An entry's verified tensors; CacheEntryError when they cannot serve."""
-
-    def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
-        """Refresh recency if possible; the entry as it is now."""
-
-    def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
-        """Remove entries that failed to load (and keep their bytes for inspection where the backend can)."""
-
-
-def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int],
-           threshold: float, touch: bool = True, load: bool = True, scenes_must_agree: bool = True) -> LookupResult:
-    """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
+def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], rule: HitRule,
+           touch: bool = True, load: bool = True) -> LookupResult:
+    """Best compatible entry that `rule` lets serve the request, or a miss with its reason."""
+    threshold = rule.threshold
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     if len(entities) == 0:
@@ -72,12 +48,11 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     if not matched:
         timings["select"] = time.perf_counter() - t1
         return LookupResult(False, ranking.no_match_reason(db, entities, labels, sims, threshold), timings=timings)
-    rule = HitRule(threshold, scenes_must_agree=scenes_must_agree)
     carried = ranking.borrowable(db, entities, matched, rule)
     scenes = ranking.agreeing_scenes(entities, matched) if rule.scenes_must_agree else None
-    candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles, scenes) if carried else []
+    candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule, scenes) if carried else []
     if not candidates and carried and scenes is not None:
-        refused = ranking.rank(db, carried, fingerprint, shape_key(shape), rule.roles)  # all of another scene
+        refused = ranking.rank(db, carried, fingerprint, shape_key(shape), rule)  # all of another scene
         if refused:
             timings["select"] = time.perf_counter() - t1
             here = next(e.text for e in entities.entities if e.role == SCENE)
@@ -86,9 +61,9 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
                                        "scene leaks its look into the video, so this is a miss", timings=timings)
     timings["select"] = time.perf_counter() - t1
     if not candidates:
-        if not ranking.rank(db, matched, fingerprint, shape_key(shape), frozenset(ROLES)):
+        if not ranking.rank(db, matched, fingerprint, shape_key(shape), rule.any_role()):
             return LookupResult(False, ranking.incompatible_reason(db, matched, fingerprint, shape), timings=timings)
-        return LookupResult(False, ranking.secondary_reason(db, entities, matched), timings=timings)
+        return LookupResult(False, ranking.secondary_reason(db, entities, matched, rule), timings=timings)
     t2 = time.perf_counter()
     damaged: list[tuple[EntryInfo | int, str]] = []
     for entry_id in candidates:

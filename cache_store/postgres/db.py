@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from urllib.parse import quote
 from typing import Any, Iterator, Sequence
+from urllib.parse import quote
 
-from .errors import CacheError, CacheUnavailableError, ManifestError
-from .server_url import ServerURL, redact
+from ..errors import CacheError, CacheUnavailableError, ManifestError
+from .url import ServerURL, redact
 
 INSTALL_HINT = ("the PostgreSQL cache backend needs psycopg 3: run `python -m pip install 'psycopg[binary]>=3.1'` "
                 "with ComfyUI's Python, then restart ComfyUI")

@@ -97,9 +97,3 @@ def resolve_pipeline(override: str | None = None) -> tuple[str, "Language"]:
 def load_pipeline(override: str | None = None) -> "Language":
     """Load (once per process) the spaCy pipeline chosen by `resolve_pipeline`."""
     return resolve_pipeline(override)[1]
-
-
-def clear_pipeline_cache() -> None:
-    """Forget every loaded pipeline (tests; freeing memory)."""
-    with _lock:
-        _cache.clear()

@@ -11,9 +11,9 @@ import time
 import uuid
 from typing import Any, Callable
 
-from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY
-from .errors import FormatVersionError
-from .naming import validate_cache_name
+from ..config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY
+from ..errors import FormatVersionError
+from ..naming import validate_cache_name
 
 SCHEMA_VERSION = 1
 MAX_IDENTIFIER = 63  # PostgreSQL's NAMEDATALEN - 1

@@ -5,7 +5,7 @@ always have shape (m, k); slots past the available matches hold label -1 and sim
 returns only padding). The index is derived state: ``load`` raises ``IndexLoadError`` for anything it cannot
 trust, and the store then rebuilds it from the manifest.
 
-The backends live in index_backends, the file format in index_file. The switch size and graph parameters
+The backends live in backends.py, the file format in file.py. The switch size and graph parameters
 were measured (docs/cache-store.md, "Index parameters").
 """
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .index_backends import _as_labels, _as_unit_rows, _Exact, _Hnsw, _last_occurrence
-from .index_file import (FORMAT_NAME, FORMAT_VERSION, IndexLoadError, _labels_section, _load_exact, _load_hnsw,
-                         _read_container, _temp_path, _write_container)
+from .backends import _as_labels, _as_unit_rows, _Exact, _Hnsw, _last_occurrence
+from .file import (FORMAT_NAME, FORMAT_VERSION, IndexLoadError, _labels_section, _load_exact, _load_hnsw,
+                   _read_container, _temp_path, _write_container)
 
 __all__ = ["VectorIndex", "IndexLoadError", "HNSW_MIN_SIZE", "DEFAULT_EF", "DEFAULT_M", "DEFAULT_EF_CONSTRUCTION"]
 
@@ -136,12 +136,6 @@ class VectorIndex:
         with self._lock:
             self._impl.remove(keys)
             self._rebalance()
-
-    def compact(self) -> None:
-        """Rebuild the hnsw graph from the live vectors, dropping deleted slots (useful after heavy churn)."""
-        with self._lock:
-            if isinstance(self._impl, _Hnsw):
-                self._switch_to_hnsw()
 
     # -- search --------------------------------------------------------------------------------------------------
     def query(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -266,11 +260,3 @@ class VectorIndex:
                 idx._impl = _load_hnsw(f, sections[1], header, labs, idx, path)
         idx._rebalance()
         return idx
-
-    @classmethod
-    def load_or_none(cls, path: Path, dim: int, **kw: Any) -> "VectorIndex | None":
-        """Like ``load`` but return None where ``load`` would raise IndexLoadError."""
-        try:
-            return cls.load(path, dim, **kw)
-        except IndexLoadError:
-            return None

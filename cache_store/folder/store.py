@@ -1,8 +1,8 @@
 """One cache folder: latent files + SQLite manifest + entity vector index, behind the CacheBackend interface.
 
-The parts: manifest (SQLite), rows (entry rows), validate (what may be committed), recovery (adopt, quarantine,
-rebuild), index_sync (the in-memory index), lookup_flow and ranking (the lookup, shared with the PostgreSQL backend),
-maintenance (verify, repair, prune, clear).
+The parts, in this folder: manifest (SQLite), change_log (what the index follows), rows (entry rows), recovery
+(adopt, quarantine, rebuild), maintenance (verify, repair, prune, clear); shared with the PostgreSQL backend:
+validate (what may be committed), index/keeper (the in-memory index), lookup/ (the hit rule and the lookup).
 Opening never deletes: files the manifest lacks are adopted or quarantined, a damaged manifest is rebuilt.
 """
 from __future__ import annotations
@@ -15,30 +15,31 @@ from typing import Any, Mapping, Sequence
 
 from filelock import FileLock, Timeout
 
-from . import latents as lat
-from . import lookup_flow, maintenance
-from .backend import StoredSettings
-from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, POLICIES, StoreConfig
-from .errors import CacheEntryError, CacheError, EmbedderMismatchError, InvalidEntryError
-from .index_sync import IndexKeeper
+from .. import latents as lat
+from ..backend import StoreBase
+from ..config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, StoreConfig
+from ..errors import CacheEntryError, CacheError
+from ..index.keeper import IndexKeeper
+from ..lookup import flow as lookup_flow
+from ..lookup.rule import HitRule
+from ..naming import is_entry_file_name
+from ..prepare import check_fits, prepare_entry
+from ..types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
+from ..validate import check_embedder
+from . import maintenance
+from .change_log import ManifestLog
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
 from .manifest import Manifest
-from .naming import is_entry_file_name
-from .prepare import NothingToStoreError, check_fits, prepare_entry  # noqa: F401  (NothingToStoreError: re-exported)
 from .recovery import adopt_unlisted, open_manifest, quarantine, scan_latents, sweep_temporaries
-from .rows import compact_log, delete_entries, insert_entry, recount_bytes, total_bytes, victims
-from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
-from .validate import check_latents
+from .rows import (compact_log, delete_entries, insert_entry, policy_in, recount_bytes, stored_embedder, stored_setting,
+                   total_bytes, victims)
 
 log = logging.getLogger(__name__)
 
-SAVE_INDEX_EVERY = 1000  # logged entity changes before this process persists the index again ...
-SAVE_INDEX_INTERVAL = 300.0  # ... but at most every 5 minutes: a save writes the whole index (~90 MB at 100k);
-                             # a reopen replays whatever the index_log recorded since the last save
 SET_ASIDE_TIMEOUT = 5.0  # a lookup waits this long for the writer lock to quarantine a damaged entry, then skips
 
 
-class CacheStore(StoredSettings):
+class CacheStore(StoreBase):
     """A persistent, budgeted, entity-indexed store of donor latents in one folder (a CacheBackend)."""
 
     def __init__(self, root: str | os.PathLike, config: StoreConfig | None = None, *, lock_timeout: float = 120.0,
@@ -50,7 +51,6 @@ class CacheStore(StoredSettings):
         self.latent_dir.mkdir(parents=True, exist_ok=True)
         self.index_dir.mkdir(exist_ok=True)
         self._writer = FileLock(str(self.root / LOCK_NAME), timeout=lock_timeout)
-        self._warned_touch = False
         with self._writer:
             sweep_temporaries(self.root, self.latent_dir, self.index_dir)
             self.manifest, opened = open_manifest(self.root, self.latent_dir)
@@ -59,10 +59,9 @@ class CacheStore(StoredSettings):
             with self.manifest.write() as cur:
                 recount_bytes(cur)
                 self._apply_settings(cur)
-            self.keeper = IndexKeeper(self.manifest, self.index_dir, index_kwargs or {})
+            self.keeper = IndexKeeper(ManifestLog(self.manifest), self.index_dir, index_kwargs or {})
             self.keeper.load()
-            if self.keeper.unsaved >= SAVE_INDEX_EVERY:  # a large rebuild is slow: persist it at once
-                self.keeper.save()
+            self._save_index_if_due(opening=True)
         for line in self.warnings:
             log.warning("[CHAI] cache %s: %s", self.root, line)
 
@@ -72,7 +71,7 @@ class CacheStore(StoredSettings):
         for key, asked, default in (("budget_bytes", self.config.budget_bytes, DEFAULT_BUDGET_BYTES),
                                     ("policy", self.config.policy, DEFAULT_POLICY)):
             row = cur.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
-            current = _setting(key, row[0] if row else None)
+            current = stored_setting(key, row[0] if row else None)
             if key == "budget_bytes" and current is None:  # new or rebuilt: never below what was recovered
                 default = max(default, int(cur.execute("SELECT value FROM meta WHERE key='total_bytes'")
                                            .fetchone()[0]))
@@ -85,8 +84,8 @@ class CacheStore(StoredSettings):
 
     def _settings(self) -> tuple[int, str]:
         meta = dict(self.manifest.query("SELECT key, value FROM meta WHERE key IN ('budget_bytes', 'policy')"))
-        return (_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
-                _setting("policy", meta.get("policy")) or DEFAULT_POLICY)
+        return (stored_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
+                stored_setting("policy", meta.get("policy")) or DEFAULT_POLICY)
 
     def set_budget(self, budget_bytes: int) -> None:
         """Change the cache's budget (logged); the next insert or prune enforces it."""
@@ -118,18 +117,15 @@ class CacheStore(StoredSettings):
         self._check_fits(len(data))
         name = lat.new_entry_file_name()
         with self._writer:
-            stored, dim = self.manifest.meta("embedder"), self.manifest.meta("dim")
-            if stored is not None and (stored != record.embedder or dim != str(record.vectors.shape[1])):
-                raise EmbedderMismatchError(
-                    f"this cache holds {dim}-d vectors of embedder {stored!r}; it cannot store vectors of "
-                    f"{record.embedder!r}. Use the same embedder, or another cache name")
+            with self.manifest.read() as cur:
+                check_embedder(*stored_embedder(cur), record)  # before the file is written
             lat.write_atomic(self.latent_dir, name, data)
             try:
                 with self.manifest.write() as cur:
-                    budget = _setting("budget_bytes", cur.execute(
+                    budget = stored_setting("budget_bytes", cur.execute(
                         "SELECT value FROM meta WHERE key='budget_bytes'").fetchone()[0]) or DEFAULT_BUDGET_BYTES
                     check_fits(len(data), budget)
-                    chosen = victims(cur, total_bytes(cur) + len(data) - budget, self.policy_in(cur))
+                    chosen = victims(cur, total_bytes(cur) + len(data) - budget, policy_in(cur))
                     evicted_files = delete_entries(cur, chosen)
                     entry_id = insert_entry(cur, record, name, len(data), lat.checksum(data))
                     compact_log(cur)
@@ -138,16 +134,8 @@ class CacheStore(StoredSettings):
                 raise
             lat.remove_files(self.latent_dir, [f for f in evicted_files if is_entry_file_name(f)])
             self.keeper.sync()
-            if (self.keeper.unsaved >= SAVE_INDEX_EVERY
-                    and time.monotonic() - self.keeper.last_save >= SAVE_INDEX_INTERVAL):
-                self.keeper.save()
+            self._save_index_if_due()
         return InsertResult(entry_id=entry_id, nbytes=len(data), evicted=tuple(chosen))
-
-    @staticmethod
-    def policy_in(cur: Any) -> str:
-        """The eviction policy as the current transaction sees it."""
-        row = cur.execute("SELECT value FROM meta WHERE key='policy'").fetchone()
-        return _setting("policy", row[0] if row else None) or DEFAULT_POLICY
 
     def _check_fits(self, nbytes: int) -> None:
         check_fits(nbytes, self.budget_bytes)
@@ -162,11 +150,10 @@ class CacheStore(StoredSettings):
     def _index(self) -> Any:
         return self.keeper.index
 
-    def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], threshold: float,
-               touch: bool = True, load: bool = True, scenes_must_agree: bool = True) -> LookupResult:
-        """Best compatible entry sharing an entity at similarity >= threshold, or a miss with its reason."""
-        return lookup_flow.lookup(self, entities, fingerprint, shape, threshold, touch=touch, load=load,
-                                  scenes_must_agree=scenes_must_agree)
+    def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], rule: HitRule,
+               touch: bool = True, load: bool = True) -> LookupResult:
+        """Best compatible entry that `rule` lets serve the request, or a miss with its reason."""
+        return lookup_flow.lookup(self, entities, fingerprint, shape, rule, touch=touch, load=load)
 
     # ------------------------------------------------------------------ what the lookup flow reads
     @property
@@ -182,31 +169,20 @@ class CacheStore(StoredSettings):
         """One entry, or None."""
         return self.manifest.entry(entry_id)
 
-    def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
-        """Tensors of an entry: checksum verified, finite, of the entry's shape and dtype."""
+    def _entry_bytes(self, entry: EntryInfo) -> tuple[bytes, str, str]:
+        """An entry's file bytes and committed checksum (symlinks and bad names refused)."""
         if not is_entry_file_name(entry.file):
             raise CacheEntryError(f"invalid file name {entry.file!r} in the manifest")
         checksum = self.manifest.query("SELECT checksum FROM entries WHERE id=?", (entry.id,))
-        tensors = lat.read_verified(self.latent_dir / entry.file, checksum[0][0] if checksum else "")
-        try:
-            _, dtype = check_latents(tensors, entry.shape)
-        except InvalidEntryError as exc:
-            raise CacheEntryError(f"latent file {entry.file}: {exc}") from exc
-        if dtype != entry.dtype:
-            raise CacheEntryError(f"latent file {entry.file} holds {dtype}, the manifest says {entry.dtype}")
-        return tensors
+        return (lat.read_entry_bytes(self.latent_dir / entry.file), checksum[0][0] if checksum else "",
+                f"latent file {entry.file}")
 
-    def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
-        """Refresh recency; on a full or read-only disk serve the hit anyway and warn once."""
-        try:
-            self.touch(entry.id)
-            return self.manifest.entry(entry.id) or entry
-        except CacheError as exc:
-            if not self._warned_touch:
-                log.warning("[CHAI] cache %s: could not record a hit's recency (%s); hits are still served",
-                            self.root, exc)
-                self._warned_touch = True
-            return entry
+    def _touch_entry(self, entry: EntryInfo) -> EntryInfo:
+        self.touch(entry.id)
+        return self.manifest.entry(entry.id) or entry
+
+    def _save_index(self) -> None:
+        self.keeper.save()  # callers hold the writer lock
 
     def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
         """Quarantine the files of entries that failed to load and drop their rows, if the lock comes soon."""
@@ -256,8 +232,8 @@ class CacheStore(StoredSettings):
             meta = dict(cur.execute("SELECT key, value FROM meta").fetchall())
         index = self.keeper.index
         return StoreStats(root=str(self.root), entries=n, entities=n_ent, bytes=total,
-                          budget_bytes=_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
-                          policy=_setting("policy", meta.get("policy")) or DEFAULT_POLICY,
+                          budget_bytes=stored_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
+                          policy=stored_setting("policy", meta.get("policy")) or DEFAULT_POLICY,
                           embedder=meta.get("embedder"), generation=int(meta.get("generation", 0)),
                           format_version=int(meta.get("format_version", 0)), total_hits=hits,
                           index_backend=index.backend if index is not None else "empty")
@@ -268,11 +244,20 @@ class CacheStore(StoredSettings):
 
     def prune(self, budget_bytes: int | None = None) -> list[int]:
         """Evict by policy until the latents fit the budget; a given budget first becomes the cache's own."""
-        return maintenance.prune(self, budget_bytes)
+        if budget_bytes is not None:
+            self.set_budget(int(budget_bytes))
+        with self._writer:
+            chosen = maintenance.prune(self.manifest, self.latent_dir, self.keeper, self.budget_bytes)
+        if chosen:
+            log.info("[CHAI] pruned %d entries of %s to fit its budget", len(chosen), self.root)
+        return chosen
 
     def clear(self) -> int:
         """Remove every entry, entity and latent file; return how many entries were removed."""
-        return maintenance.clear(self)
+        with self._writer:
+            n = maintenance.clear(self.manifest, self.latent_dir, self.index_dir, self.keeper)
+        log.info("[CHAI] cleared %d entries of %s", n, self.root)
+        return n
 
     def verify(self, repair: bool = False) -> VerifyReport:
         """Every problem in the folder, found through a read-only manifest connection (changes nothing)."""
@@ -280,7 +265,9 @@ class CacheStore(StoredSettings):
 
     def repair(self) -> VerifyReport:
         """Fix what verify finds and report every action (what was dropped, quarantined or rebuilt)."""
-        return maintenance.repair(self)
+        with self._writer:
+            on_open, self.warnings = self.warnings, []
+            return maintenance.repair(self.manifest, self.root, self.keeper, on_open)
 
     def flush(self) -> None:
         """Persist the entity index now."""
@@ -298,15 +285,3 @@ class CacheStore(StoredSettings):
         finally:
             self.manifest.close()
 
-
-def _setting(key: str, value: str | None) -> Any:
-    """A stored budget (positive int) or policy, or None when absent or unreadable."""
-    if value is None:
-        return None
-    if key == "policy":
-        return value if value in POLICIES else None
-    try:
-        number = int(value)
-    except ValueError:
-        return None
-    return number if number > 0 else None

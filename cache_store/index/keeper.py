@@ -16,10 +16,9 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from . import latents as lat
-from .index import IndexLoadError, VectorIndex
-from .manifest import Manifest
-from .validate import UNIT_TOLERANCE
+from .. import latents as lat
+from ..validate import UNIT_TOLERANCE
+from .vector_index import IndexLoadError, VectorIndex
 
 log = logging.getLogger(__name__)
 
@@ -64,45 +63,11 @@ class ChangeLog(Protocol):
         """(ids, vectors) of all entities, or of the given ids."""
 
 
-class ManifestLog:
-    """The ChangeLog of an SQLite manifest (its meta counters and index_log table)."""
-
-    def __init__(self, manifest: Manifest) -> None:
-        self.manifest = manifest
-
-    @staticmethod
-    def _head(cur: Any) -> LogHead:
-        meta = dict(cur.execute("SELECT key, value FROM meta WHERE key IN "
-                                "('generation', 'index_epoch', 'dim', 'embedder')").fetchall())
-        first, last = cur.execute("SELECT MIN(seq), COALESCE(MAX(seq), 0) FROM index_log").fetchone()
-        dim = meta.get("dim")
-        return LogHead(int(meta.get("generation", 0)), int(meta.get("index_epoch", 0) or 0),
-                       int(dim) if dim and dim.isdigit() and int(dim) > 0 else None, meta.get("embedder"),
-                       first, int(last))
-
-    def head(self) -> LogHead:
-        with self.manifest.read() as cur:
-            return self._head(cur)
-
-    def changes(self, since: int, gen: int, epoch: int) -> tuple[LogHead, list[tuple[int, int, str]] | None]:
-        with self.manifest.read() as cur:
-            meta = dict(cur.execute("SELECT key, value FROM meta WHERE key IN "
-                                    "('generation', 'index_epoch')").fetchall())
-            if int(meta.get("generation", 0)) == gen and int(meta.get("index_epoch", 0) or 0) == epoch:
-                return self._head(cur), None
-            rows = cur.execute("SELECT seq, entity_id, op FROM index_log WHERE seq > ? ORDER BY seq",
-                               (since,)).fetchall()
-            return self._head(cur), [(int(r[0]), int(r[1]), str(r[2])) for r in rows]
-
-    def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        return self.manifest.entity_vectors(ids)
-
-
 class IndexKeeper:
     """Loads, replays, rebuilds and saves one cache's VectorIndex (the change log's cache is the truth)."""
 
-    def __init__(self, source: Manifest | ChangeLog, index_dir: Path, index_kwargs: Mapping[str, Any]) -> None:
-        self.log: ChangeLog = ManifestLog(source) if isinstance(source, Manifest) else source
+    def __init__(self, log: ChangeLog, index_dir: Path, index_kwargs: Mapping[str, Any]) -> None:
+        self.log = log
         self.index_dir = index_dir
         self._kwargs = dict(index_kwargs)
         self.lock = threading.RLock()

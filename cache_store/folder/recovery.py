@@ -14,12 +14,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import latents as lat
-from .errors import CacheError, ManifestDamagedError
+from .. import latents as lat
+from ..errors import CacheError, ManifestDamagedError
+from ..naming import is_entry_file_name
+from ..validate import EntryRecord
 from .manifest import MANIFEST_NAME, Manifest
-from .naming import is_entry_file_name
 from .rows import insert_entry, recount_bytes
-from .validate import EntryRecord
 
 log = logging.getLogger(__name__)
 

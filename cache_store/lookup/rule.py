@@ -1,4 +1,8 @@
-"""The hit rule: which entity matches make an earlier generation worth borrowing from.
+"""The hit rule: which entity matches make an earlier generation worth borrowing from (the one place it lives).
+
+`HitRule` holds the Python predicates the benches measure (`carries`, `same_thing`, `scenes_agree`) side by side
+with the SQL the stores run (`roles_sql`, `scenes_sql`, used by `ranking.rank`); tests/test_hit_rule.py checks that
+both agree. `ChaiCache` builds one rule per lookup and passes it to `store.lookup`.
 
 A match pairs an entity of the request with an entity of a cached entry at cosine similarity >= the threshold.
 It can carry a hit only when both entities are the main subject or the scene of their prompts (`roles`): a donor
@@ -9,15 +13,16 @@ name a scene, the scenes must match too (`scenes_must_agree`): the same main sub
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from .roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
+from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 
 
 @dataclass(frozen=True)
 class HitRule:
-    """Similarity threshold and the roles that may carry a hit (on both sides of a match)."""
+    """Similarity threshold, the roles that may carry a hit (on both sides of a match), the identity threshold
+    for compounds and the scene policy: one object, built by ChaiCache and passed to `store.lookup`."""
 
     threshold: float
     roles: frozenset[str] = BORROWABLE
@@ -60,6 +65,26 @@ class HitRule:
         there = [e for e in donor if e.role == SCENE]
         return (not self.scenes_must_agree or not here or not there
                 or any(sim(q, d) >= self.threshold for q in here for d in there))
+
+    def scenes_sql(self, scenes: Sequence[int] | None) -> tuple[str, list[Any]]:
+        """The SQL twin of `scenes_agree`, for the ranking's `best` rows: a WHERE clause (and its parameters)
+        keeping entries that name no scene or one of `scenes`, the stored entity ids the request's scenes match.
+        `scenes` None (the request names no scene, or the rule lets scenes differ): no clause."""
+        if scenes is None or not self.scenes_must_agree:
+            return "", []
+        clause = "WHERE (NOT EXISTS (SELECT 1 FROM postings sp WHERE sp.entry_id = best.entry_id AND sp.role = ?)"
+        if not scenes:
+            return clause + ") ", [SCENE]
+        return (clause + " OR EXISTS (SELECT 1 FROM postings sp WHERE sp.entry_id = best.entry_id AND sp.role = ? "
+                f"AND sp.entity_id IN ({','.join('?' * len(scenes))}))) ", [SCENE, SCENE, *scenes])
+
+    def roles_sql(self, column: str) -> tuple[str, list[Any]]:
+        """The SQL twin of `carries`' role test: `column` holds one of the rule's roles."""
+        return f"{column} IN ({','.join('?' * len(self.roles))})", sorted(self.roles)
+
+    def any_role(self) -> "HitRule":
+        """The same rule with every role allowed (to tell a miss by role from a miss by model or shape)."""
+        return replace(self, roles=frozenset(ROLES))
 
     def accepts(self, query: Any, stored: Any, similarity: float) -> bool:
         """`carries` by role and similarity, and `same_thing`."""

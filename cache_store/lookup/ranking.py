@@ -6,10 +6,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .hit_rule import HitRule, matched_role
-from .manifest import shape_key
-from .roles import SCENE
-from .types import EmbeddedEntities, Match
+from ..entities.roles import SCENE
+from ..types import EmbeddedEntities, Match, shape_key
+from .rule import HitRule, matched_role
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
@@ -54,38 +53,28 @@ def borrowable(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[in
             if eid in stored and rule.same_thing(entities.entities[q], stored[eid], sim)]
 
 
-def rank(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str, shape: str,
-         roles: frozenset[str] = frozenset({"main", "scene"}), scenes: Sequence[int] | None = None) -> list[int]:
-    """Compatible entries, where the matched entities hold one of `roles`, ordered by matched query entities,
-    then summed similarity, then newest. With `scenes` (the stored entity ids the request's scenes match), an
-    entry that names a scene must name one of those; the filter runs before the candidate limit."""
+def rank(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str, shape: str, rule: HitRule,
+         scenes: Sequence[int] | None = None) -> list[int]:
+    """Compatible entries, where the matched entities hold one of the rule's roles, ordered by matched query
+    entities, then summed similarity, then newest. With `scenes` (the stored entity ids the request's scenes
+    match), the rule's scene clause runs too, before the candidate limit."""
     group = manifest.query("SELECT id FROM groups WHERE fingerprint=? AND shape=?", (fingerprint, shape))
     if not group:
         return []
     values = ",".join(["(?,?,?)"] * len(matched))
     params: list[Any] = [x for triple in matched for x in triple]
-    where, where_params = _scene_filter(scenes)
+    roles, role_params = rule.roles_sql("p.role")
+    where, where_params = rule.scenes_sql(scenes)
     # The join is pinned to matched entities -> their postings in this group (one range scan each): SQLite's
     # CROSS JOIN; PostgreSQL plans that order by itself and spells it JOIN.
     sql = (f"WITH m(q, eid, sim) AS (VALUES {values}), "
            "best AS (SELECT p.entry_id AS entry_id, m.q AS q, MAX(m.sim) AS sim "
            f"FROM m {manifest.PINNED_JOIN} postings p ON p.group_id = ? AND p.entity_id = m.eid "
-           f"AND p.role IN ({','.join('?' * len(roles))}) GROUP BY p.entry_id, m.q) "
+           f"AND {roles} GROUP BY p.entry_id, m.q) "
            f"SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best {where}GROUP BY entry_id "
            "ORDER BY n DESC, s DESC, entry_id DESC LIMIT ?")
-    rows = manifest.query(sql, params + [group[0][0], *sorted(roles), *where_params, CANDIDATES])
+    rows = manifest.query(sql, params + [group[0][0], *role_params, *where_params, CANDIDATES])
     return [r[0] for r in rows]
-
-
-def _scene_filter(scenes: Sequence[int] | None) -> tuple[str, list[Any]]:
-    """WHERE clause (and its parameters) of `rank` keeping entries that name no scene or one of `scenes`."""
-    if scenes is None:
-        return "", []
-    clause = "WHERE (NOT EXISTS (SELECT 1 FROM postings sp WHERE sp.entry_id = best.entry_id AND sp.role = ?)"
-    if not scenes:
-        return clause + ") ", [SCENE]
-    return (clause + " OR EXISTS (SELECT 1 FROM postings sp WHERE sp.entry_id = best.entry_id AND sp.role = ? "
-            f"AND sp.entity_id IN ({','.join('?' * len(scenes))}))) ", [SCENE, SCENE, *scenes])
 
 
 def agreeing_scenes(entities: EmbeddedEntities, matched: list[tuple[int, int, float]]) -> list[int] | None:
@@ -139,13 +128,14 @@ def no_match_reason(manifest: Any, entities: EmbeddedEntities, labels: np.ndarra
     return (f"no cached entity reaches similarity {threshold:.2f} (closest: "
             f"'{entities.entities[best_q].text}'~'{text}' {best:.3f})")
 
-def secondary_reason(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]]) -> str:
+def secondary_reason(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]],
+                     rule: HitRule) -> str:
     """Why entries that share similar entities are no hit: the best such pair, and what it is to each side."""
     q, eid, sim = max(matched, key=lambda m: m[2])
     stored = stored_entities(manifest, [eid]).get(eid)
     text = stored.text if stored else "?"
     role = entities.entities[q].role
-    why = (f"'{entities.entities[q].text}' is a secondary element of this prompt" if role not in ("main", "scene")
+    why = (f"'{entities.entities[q].text}' is a secondary element of this prompt" if role not in rule.roles
            else f"'{text}' is a secondary element of the cached prompts, or names another kind of thing")
     return (f"entries share only secondary elements or look-alike words ('{entities.entities[q].text}'~'{text}' "
             f"{sim:.3f}: {why}); a hit needs the main subject or the scene on both sides")

@@ -11,8 +11,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from .errors import FormatVersionError, ManifestDamagedError, ManifestError
-from .types import EntryInfo
+from ..errors import FormatVersionError, ManifestDamagedError, ManifestError
+from ..types import EntryInfo
 
 FORMAT_VERSION = 2  # v2: entities carry head and core, postings the entity's role in the entry
 MANIFEST_NAME = "manifest.sqlite"
@@ -100,9 +100,6 @@ def _v1_to_v2(cur: sqlite3.Cursor) -> None:
 # Migrations from older on-disk formats: {from_version: callable(cursor)}. Version 1 is the first release.
 _MIGRATIONS: dict[int, object] = {1: _v1_to_v2}
 
-LOG_KEEP = 200_000  # index_log rows kept for other processes to catch up; older readers rebuild instead
-
-
 def _entry_from_row(row: sqlite3.Row, entities: Sequence[str] = ()) -> EntryInfo:
     return EntryInfo(
         id=row["id"], prompt=row["prompt"], entities=tuple(entities), fingerprint=row["fingerprint"],
@@ -110,11 +107,6 @@ def _entry_from_row(row: sqlite3.Row, entities: Sequence[str] = ()) -> EntryInfo
         sigmas=tuple(json.loads(row["sigmas"])), tensors=tuple(json.loads(row["tensors"])),
         created=row["created"], last_used=row["last_used"], hits=row["hits"], file=row["file"],
     )
-
-
-def shape_key(shape: Sequence[int]) -> str:
-    """Canonical text of a latent shape, as stored and compared."""
-    return json.dumps([int(s) for s in shape])
 
 
 class Manifest:
@@ -126,6 +118,10 @@ class Manifest:
         self.path = path
         self.readonly = readonly
         self._lock = threading.RLock()
+        self._connect()
+
+    def _connect(self) -> None:
+        path, readonly = self.path, self.readonly
         try:
             if readonly:
                 # immutable when no -wal exists: a read-only open must not create -wal/-shm files either
@@ -330,3 +326,8 @@ class Manifest:
         """Close the connection."""
         with self._lock:
             self.conn.close()
+
+    def reopen(self) -> None:
+        """Connect again to the manifest file (after repair rebuilt it): every holder of this object follows."""
+        with self._lock:
+            self._connect()

@@ -1,35 +1,15 @@
-"""Reads of a PostgreSQL cache: the change log a worker's index follows, entries, entity vectors."""
+"""The change log of a PostgreSQL cache: what a worker's IndexKeeper reads from the server."""
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 import numpy as np
 
-from .index_sync import LogHead
-from .pg_db import PgDb
-from .types import EntryInfo
+from ..index.keeper import LogHead
+from .db import PgDb
 
 _HEAD = ("SELECT generation, index_epoch, dim, embedder, (SELECT MIN(seq) FROM index_log), log_seq "
          "FROM state WHERE id = 1")
-# An entry row with its entity phrases (sorted, as the folder backend lists them).
-ENTRY_SQL = ("SELECT e.id, e.prompt, e.fingerprint, e.shape, e.dtype, e.nbytes, e.sigmas, e.tensors, e.created, "
-             "e.last_used, e.hits, ARRAY(SELECT n.text FROM postings p JOIN entities n ON n.id = p.entity_id "
-             "WHERE p.entry_id = e.id ORDER BY n.text) FROM entries e")
-
-
-def entry_from_row(row: Sequence[Any]) -> EntryInfo | None:
-    """EntryInfo of an ENTRY_SQL row (None when a hand-edited row does not parse)."""
-    try:
-        (entry_id, prompt, fingerprint, shape, dtype, nbytes, sigmas, tensors, created, last_used, hits,
-         texts) = row
-        return EntryInfo(id=int(entry_id), prompt=prompt, entities=tuple(texts or ()), fingerprint=fingerprint,
-                         shape=tuple(json.loads(shape)), dtype=dtype, nbytes=int(nbytes),
-                         sigmas=tuple(json.loads(sigmas)), tensors=tuple(json.loads(tensors)),
-                         created=float(created), last_used=float(last_used), hits=int(hits),
-                         file=f"blob {int(entry_id)}")
-    except (TypeError, ValueError):
-        return None
 
 
 def _head(row: Sequence[Any]) -> LogHead:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .errors import CacheError
+from ..errors import CacheError
 
 URL_ENV = "CHAI_CACHE_URL"
 URL_FILE_ENV = "CHAI_CACHE_URL_FILE"

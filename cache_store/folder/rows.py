@@ -4,28 +4,23 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import EmbedderMismatchError
-from .manifest import LOG_KEEP, Manifest, shape_key
-from .validate import EntryRecord
+from ..config import DEFAULT_POLICY, POLICIES
+from ..types import LOG_KEEP, shape_key
+from ..validate import EntryRecord, check_embedder
+from .manifest import Manifest
 
 
 def insert_entry(cur: sqlite3.Cursor, record: EntryRecord, file: str, nbytes: int, digest: str) -> int:
     """Add one validated entry with its entities and postings; return its id."""
-    stored = cur.execute("SELECT value FROM meta WHERE key='embedder'").fetchone()
-    dim = record.vectors.shape[1]
+    stored, stored_dim = stored_embedder(cur)
+    check_embedder(stored, stored_dim, record)
     if stored is None:
         Manifest.set_meta(cur, "embedder", record.embedder)
-        Manifest.set_meta(cur, "dim", str(dim))
-    else:
-        stored_dim = cur.execute("SELECT value FROM meta WHERE key='dim'").fetchone()
-        if stored[0] != record.embedder or (stored_dim is not None and str(dim) != stored_dim[0]):
-            raise EmbedderMismatchError(
-                f"this cache holds vectors of embedder {stored[0]!r}; it cannot store {dim}-d vectors of "
-                f"{record.embedder!r}. Use the same embedder, or another cache name")
+        Manifest.set_meta(cur, "dim", str(record.vectors.shape[1]))
     tick = Manifest.bump(cur, "tick")
     now = time.time()
     key = shape_key(record.shape)
@@ -118,3 +113,29 @@ def compact_log(cur: sqlite3.Cursor) -> None:
     last = cur.execute("SELECT COALESCE(MAX(seq), 0) FROM index_log").fetchone()[0]
     if last % 1000 == 0 and last > LOG_KEEP:
         cur.execute("DELETE FROM index_log WHERE seq <= ?", (last - LOG_KEEP,))
+
+
+def stored_setting(key: str, value: str | None) -> Any:
+    """A stored budget (positive int) or policy, or None when absent or unreadable."""
+    if value is None:
+        return None
+    if key == "policy":
+        return value if value in POLICIES else None
+    try:
+        number = int(value)
+    except ValueError:
+        return None
+    return number if number > 0 else None
+
+
+def policy_in(cur: sqlite3.Cursor) -> str:
+    """The eviction policy as the current transaction sees it."""
+    row = cur.execute("SELECT value FROM meta WHERE key='policy'").fetchone()
+    return stored_setting("policy", row[0] if row else None) or DEFAULT_POLICY
+
+
+def stored_embedder(cur: sqlite3.Cursor) -> tuple[str | None, int | None]:
+    """The embedder and vector dimension the folder's vectors come from ((None, None) while empty)."""
+    meta = dict(cur.execute("SELECT key, value FROM meta WHERE key IN ('embedder', 'dim')").fetchall())
+    dim = meta.get("dim")
+    return meta.get("embedder"), int(dim) if dim and dim.isdigit() else None

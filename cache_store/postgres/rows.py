@@ -14,10 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .config import POLICIES
-from .errors import EmbedderMismatchError
-from .manifest import LOG_KEEP, shape_key
-from .validate import EntryRecord
+from ..config import POLICIES
+from ..types import LOG_KEEP, shape_key
+from ..validate import EntryRecord, check_embedder
 
 LOG_COMPACT_EVERY = 1000  # sequence numbers between two compactions of the change log (keeping LOG_KEEP rows)
 STATE_COLUMNS = ("budget_bytes", "policy", "embedder", "dim", "total_bytes", "generation", "index_epoch", "log_seq")
@@ -66,18 +65,9 @@ class State:
             cur.execute("DELETE FROM index_log WHERE seq <= %s", (self.log_seq - LOG_KEEP,))
 
 
-def check_embedder(state: State, record: EntryRecord) -> None:
-    """EmbedderMismatchError unless the cache is empty or holds vectors of this embedder and dimension."""
-    dim = int(record.vectors.shape[1])
-    if state.embedder is not None and (state.embedder != record.embedder or state.dim != dim):
-        raise EmbedderMismatchError(
-            f"this cache holds {state.dim}-d vectors of embedder {state.embedder!r}; it cannot store {dim}-d "
-            f"vectors of {record.embedder!r}. Use the same embedder, or another cache name")
-
-
 def insert_entry(cur: Any, state: State, record: EntryRecord, entry_id: int, nbytes: int, digest: str) -> None:
     """Add one validated entry (its blob is already written under `entry_id`) with entities and postings."""
-    check_embedder(state, record)
+    check_embedder(state.embedder, state.dim, record)
     if state.embedder is None:
         state.embedder, state.dim = record.embedder, int(record.vectors.shape[1])
     key = shape_key(record.shape)

@@ -4,24 +4,20 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import latents as lat
-from .errors import CacheError
-from .index import IndexLoadError, VectorIndex
-from .index_sync import INDEX_STATE, ManifestLog
+from .. import latents as lat
+from ..errors import CacheError
+from ..index.keeper import INDEX_STATE, IndexKeeper
+from ..index.vector_index import IndexLoadError, VectorIndex
+from ..naming import is_entry_file_name
+from ..types import VerifyReport, shape_key
+from ..validate import UNIT_TOLERANCE
 from .layout import INDEX_DIR, LATENT_DIR
-from .manifest import MANIFEST_NAME, Manifest, shape_key
-from .naming import is_entry_file_name
+from .manifest import MANIFEST_NAME, Manifest
 from .recovery import adopt_unlisted, quarantine, rebuild_manifest, sweep_temporaries
-from .rows import delete_entries, recount_bytes, victims
-from .types import VerifyReport
-from .validate import UNIT_TOLERANCE
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .store import CacheStore
+from .rows import delete_entries, policy_in, recount_bytes, victims
 
 log = logging.getLogger(__name__)
 
@@ -140,64 +136,63 @@ def verify_folder(root: Path) -> VerifyReport:
     return report
 
 
-def repair(store: "CacheStore") -> VerifyReport:
-    """Verify, then fix: rebuild a damaged manifest, drop entries whose files are bad (files quarantined),
-    adopt or quarantine unlisted files, drop orphan rows and bad vectors, recount, rebuild the index."""
-    report = verify_folder(store.root)
-    report.repaired += [f"on open: {line}" for line in store.warnings]  # open's own adoptions and quarantines
-    store.warnings = []
-    with store._writer:
-        for name in sweep_temporaries(store.root, store.latent_dir, store.index_dir):
-            report.repaired.append(f"removed temporary file {name}")
-        if any(p.startswith(("manifest integrity", "the manifest could not")) for p in report.problems):
-            store.manifest.close()
-            rebuilt = rebuild_manifest(store.root, store.latent_dir, "repair: " + report.problems[0])
-            store.manifest = Manifest(store.root / MANIFEST_NAME)
-            store.keeper.log = ManifestLog(store.manifest)
-            report.repaired += rebuilt.lines()
-        _drop_bad_entries(store, report)
-        with store.manifest.write() as cur:
-            cur.execute("DELETE FROM postings WHERE entry_id NOT IN (SELECT id FROM entries)")
-            if cur.rowcount:
-                report.repaired.append(f"removed {cur.rowcount} dangling postings")
-        bad = _bad_vectors(store.manifest)
-        with store.manifest.write() as cur:
-            gone = [r[0] for r in cur.execute("SELECT id FROM entities WHERE NOT EXISTS "
-                                              "(SELECT 1 FROM postings WHERE postings.entity_id = entities.id)")]
-            held = [r[0] for r in cur.execute(
-                f"SELECT DISTINCT entry_id FROM postings WHERE entity_id IN ({','.join('?' * len(bad))})", bad)]
-            files = delete_entries(cur, held) if held else []
-            for eid in set(gone) | set(bad):
-                cur.execute("DELETE FROM entities WHERE id=?", (eid,))
-                cur.execute("DELETE FROM postings WHERE entity_id=?", (eid,))
-                cur.execute("INSERT INTO index_log(entity_id, op) VALUES (?, 'del')", (eid,))
-            Manifest.bump(cur, "generation")
-        _quarantine_files(store, files, "its entry had an invalid entity vector", report)
-        if gone:
-            report.repaired.append(f"removed {len(gone)} entities that belonged to no entry")
-        if bad:
-            report.repaired.append(f"removed {len(bad)} invalid entity vectors and the {len(held)} entries "
-                                   "holding them")
-        report.repaired += adopt_unlisted(store.manifest, store.root, store.latent_dir).lines()
-        with store.manifest.write() as cur:
-            recount_bytes(cur)
-            Manifest.bump(cur, "index_epoch")
-        store.keeper.rebuild()
-        store.keeper.save()
-        report.repaired.append("rebuilt and saved the entity index")
+def repair(manifest: Manifest, root: Path, keeper: IndexKeeper, on_open: list[str]) -> VerifyReport:
+    """Verify, then fix (the folder's writer lock held): rebuild a damaged manifest in place, drop entries whose
+    files are bad (files quarantined), adopt or quarantine unlisted files, drop orphan rows and bad vectors,
+    recount, rebuild the index. `on_open`: what opening the folder already adopted or quarantined."""
+    latent_dir, index_dir = root / LATENT_DIR, root / INDEX_DIR
+    report = verify_folder(root)
+    report.repaired += [f"on open: {line}" for line in on_open]
+    for name in sweep_temporaries(root, latent_dir, index_dir):
+        report.repaired.append(f"removed temporary file {name}")
+    if any(p.startswith(("manifest integrity", "the manifest could not")) for p in report.problems):
+        manifest.close()
+        rebuilt = rebuild_manifest(root, latent_dir, "repair: " + report.problems[0])
+        manifest.reopen()
+        report.repaired += rebuilt.lines()
+    _drop_bad_entries(manifest, root, report)
+    with manifest.write() as cur:
+        cur.execute("DELETE FROM postings WHERE entry_id NOT IN (SELECT id FROM entries)")
+        if cur.rowcount:
+            report.repaired.append(f"removed {cur.rowcount} dangling postings")
+    bad = _bad_vectors(manifest)
+    with manifest.write() as cur:
+        gone = [r[0] for r in cur.execute("SELECT id FROM entities WHERE NOT EXISTS "
+                                          "(SELECT 1 FROM postings WHERE postings.entity_id = entities.id)")]
+        held = [r[0] for r in cur.execute(
+            f"SELECT DISTINCT entry_id FROM postings WHERE entity_id IN ({','.join('?' * len(bad))})", bad)]
+        files = delete_entries(cur, held) if held else []
+        for eid in set(gone) | set(bad):
+            cur.execute("DELETE FROM entities WHERE id=?", (eid,))
+            cur.execute("DELETE FROM postings WHERE entity_id=?", (eid,))
+            cur.execute("INSERT INTO index_log(entity_id, op) VALUES (?, 'del')", (eid,))
+        Manifest.bump(cur, "generation")
+    _quarantine_files(root, files, "its entry had an invalid entity vector", report)
+    if gone:
+        report.repaired.append(f"removed {len(gone)} entities that belonged to no entry")
+    if bad:
+        report.repaired.append(f"removed {len(bad)} invalid entity vectors and the {len(held)} entries "
+                               "holding them")
+    report.repaired += adopt_unlisted(manifest, root, latent_dir).lines()
+    with manifest.write() as cur:
+        recount_bytes(cur)
+        Manifest.bump(cur, "index_epoch")
+    keeper.rebuild()
+    keeper.save()
+    report.repaired.append("rebuilt and saved the entity index")
     return report
 
 
-def _drop_bad_entries(store: "CacheStore", report: VerifyReport) -> None:
-    rows = [dict(r) for r in store.manifest.query(
-        "SELECT id, prompt, file, nbytes, checksum, shape, dtype FROM entries")]
+def _drop_bad_entries(manifest: Manifest, root: Path, report: VerifyReport) -> None:
+    latent_dir = root / LATENT_DIR
+    rows = [dict(r) for r in manifest.query("SELECT id, prompt, file, nbytes, checksum, shape, dtype FROM entries")]
     for row in rows:
-        problem = _file_problem(store.latent_dir, row)
+        problem = _file_problem(latent_dir, row)
         if problem is None:
             continue
-        with store.manifest.write() as cur:
+        with manifest.write() as cur:
             delete_entries(cur, [row["id"]])
-        path = store.latent_dir / row["file"]
+        path = latent_dir / row["file"]
         moved = ""
         if is_entry_file_name(row["file"]) and (path.exists() or path.is_symlink()):
             try:
@@ -206,49 +201,43 @@ def _drop_bad_entries(store: "CacheStore", report: VerifyReport) -> None:
                     raise CacheError("the file's bytes differ from what was committed")
                 moved = "; its file is intact and is adopted again"
             except (OSError, CacheError):
-                quarantine(store.root, path, f"entry {row['id']}: {problem}")
+                quarantine(root, path, f"entry {row['id']}: {problem}")
                 moved = "; its file was quarantined"
         report.repaired.append(f"dropped entry {row['id']} ({str(row['prompt'])[:60]!r}): {problem}{moved}")
 
 
-def _quarantine_files(store: "CacheStore", files: list[str], reason: str, report: VerifyReport) -> None:
+def _quarantine_files(root: Path, files: list[str], reason: str, report: VerifyReport) -> None:
     for name in files:
-        path = store.latent_dir / name
+        path = root / LATENT_DIR / name
         if is_entry_file_name(name) and (path.exists() or path.is_symlink()):
-            quarantine(store.root, path, reason)
+            quarantine(root, path, reason)
             report.repaired.append(f"quarantined {name}: {reason}")
 
 
-def prune(store: "CacheStore", budget_bytes: int | None = None) -> list[int]:
-    """Evict by policy until the latents fit the cache's budget; `budget_bytes` first becomes that budget."""
-    if budget_bytes is not None:
-        store.set_budget(int(budget_bytes))
-    with store._writer:
-        with store.manifest.write() as cur:
-            total = int(cur.execute("SELECT value FROM meta WHERE key='total_bytes'").fetchone()[0])
-            chosen = victims(cur, total - store.budget_bytes, store.policy_in(cur))
-            files = delete_entries(cur, chosen)
-        lat.remove_files(store.latent_dir, [f for f in files if is_entry_file_name(f)])
-        store.keeper.sync()
-    if chosen:
-        log.info("[CHAI] pruned %d entries of %s to fit its budget", len(chosen), store.root)
+def prune(manifest: Manifest, latent_dir: Path, keeper: IndexKeeper, budget_bytes: int) -> list[int]:
+    """Evict by policy until the latents fit `budget_bytes` (the folder's writer lock held)."""
+    with manifest.write() as cur:
+        total = int(cur.execute("SELECT value FROM meta WHERE key='total_bytes'").fetchone()[0])
+        chosen = victims(cur, total - budget_bytes, policy_in(cur))
+        files = delete_entries(cur, chosen)
+    lat.remove_files(latent_dir, [f for f in files if is_entry_file_name(f)])
+    keeper.sync()
     return chosen
 
 
-def clear(store: "CacheStore") -> int:
-    """Remove every entry, entity, latent file and the saved index; quarantine/ is left for inspection."""
-    with store._writer:
-        with store.manifest.write() as cur:
-            n = cur.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
-            files = [r[0] for r in cur.execute("SELECT file FROM entries")]
-            for table in ("postings", "entries", "entities", "index_log", "groups"):
-                cur.execute(f"DELETE FROM {table}")
-            cur.execute("DELETE FROM meta WHERE key IN ('embedder', 'dim')")
-            Manifest.set_meta(cur, "total_bytes", "0")
-            Manifest.bump(cur, "generation")
-            Manifest.bump(cur, "index_epoch")
-        lat.remove_files(store.latent_dir, [f for f in files if is_entry_file_name(f)])
-        lat.remove_files(store.index_dir, [p.name for p in store.index_dir.iterdir() if p.is_file()])
-        store.keeper.load()
-    log.info("[CHAI] cleared %d entries of %s", n, store.root)
+def clear(manifest: Manifest, latent_dir: Path, index_dir: Path, keeper: IndexKeeper) -> int:
+    """Remove every entry, entity, latent file and the saved index (the folder's writer lock held); quarantine/
+    is left for inspection."""
+    with manifest.write() as cur:
+        n = cur.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+        files = [r[0] for r in cur.execute("SELECT file FROM entries")]
+        for table in ("postings", "entries", "entities", "index_log", "groups"):
+            cur.execute(f"DELETE FROM {table}")
+        cur.execute("DELETE FROM meta WHERE key IN ('embedder', 'dim')")
+        Manifest.set_meta(cur, "total_bytes", "0")
+        Manifest.bump(cur, "generation")
+        Manifest.bump(cur, "index_epoch")
+    lat.remove_files(latent_dir, [f for f in files if is_entry_file_name(f)])
+    lat.remove_files(index_dir, [p.name for p in index_dir.iterdir() if p.is_file()])
+    keeper.load()
     return n

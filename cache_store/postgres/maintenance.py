@@ -3,21 +3,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
-from . import latents as lat
-from .errors import CacheError
-from .manifest import shape_key
-from .pg_db import PgDb
-from .pg_rows import State, delete_entries, recount_bytes
-from .pg_schema import SCHEMA_VERSION
-from .types import VerifyReport
-from .validate import UNIT_TOLERANCE, record_from_file
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .pg_store import PgCacheStore
+from .. import latents as lat
+from ..errors import CacheError
+from ..index.keeper import IndexKeeper
+from ..types import VerifyReport, shape_key
+from ..validate import UNIT_TOLERANCE, record_from_file
+from .db import PgDb
+from .rows import State, delete_entries, recount_bytes
+from .schema import SCHEMA_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +117,10 @@ def _quarantine(cur: Any, entry_ids: list[int], reason: str | dict[int, str]) ->
                     (why, time.time(), eid))
 
 
-def set_aside(store: "PgCacheStore", items: list[tuple[int, str]]) -> None:
+def set_aside(db: PgDb, keeper: IndexKeeper, items: list[tuple[int, str]]) -> None:
     """Quarantine and drop entries a lookup could not load; a busy or unreachable server leaves them for later."""
     try:
-        with store.db.write() as cur:
+        with db.write() as cur:
             cur.execute("SET LOCAL lock_timeout = '5s'")
             state = State.lock(cur)
             ids = [eid for eid, _ in items]
@@ -133,18 +130,18 @@ def set_aside(store: "PgCacheStore", items: list[tuple[int, str]]) -> None:
             _quarantine(cur, present, {eid: f"set aside by a lookup: {reasons[eid]}" for eid in present})
             delete_entries(cur, state, present)
             state.save(cur)
-        store.keeper.sync()
+        keeper.sync()
     except CacheError as exc:
         log.warning("[CHAI] could not set damaged entries aside now: %s", exc)
 
 
-def repair(store: "PgCacheStore") -> VerifyReport:
+def repair(db: PgDb, name: str) -> VerifyReport:
     """Verify, then fix under the state lock: drop (and quarantine) entries with bad bytes and those holding an
     invalid vector, orphan entities, stray blobs; recount; start a new index epoch so every worker rebuilds."""
-    report = verify(store.db, store.name)
-    with store.db.write() as cur:
+    report = verify(db, name)
+    with db.write() as cur:
         state = State.lock(cur)
-        cur_bin = store.db.connection().cursor(binary=True)
+        cur_bin = db.connection().cursor(binary=True)
         bad = dict(_entry_problems(cur_bin))
         if bad:
             _quarantine(cur, sorted(bad), bad)
@@ -180,9 +177,9 @@ def repair(store: "PgCacheStore") -> VerifyReport:
     return report
 
 
-def clear(store: "PgCacheStore") -> int:
+def clear(db: PgDb) -> int:
     """Delete every entry, blob, entity and posting of the cache (the quarantine table stays); a new epoch."""
-    with store.db.write() as cur:
+    with db.write() as cur:
         state = State.lock(cur)
         n = _count(cur, "SELECT COUNT(*) FROM entries")
         for table in ("postings", "blobs", "entries", "entities", "index_log", "groups"):

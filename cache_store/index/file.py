@@ -17,8 +17,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .backends import _as_unit_rows, _Exact, _Hnsw
 from .hnsw_check import HnswFormatError, check_hnsw_graph
-from .index_backends import _as_unit_rows, _Exact, _Hnsw
 
 FORMAT_NAME = "chai-vector-index"
 FORMAT_VERSION = 1

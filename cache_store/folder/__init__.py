@@ -1,0 +1,1 @@
+"""The cache-folder backend: latent files, an SQLite manifest and its change log, recovery and maintenance."""

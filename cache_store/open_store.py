@@ -1,0 +1,71 @@
+"""One place that maps a cache's location to its backend: a folder path, or a server URL by its scheme.
+
+A third backend adds its folder (beside folder/ and postgres/) and its lines to SERVER_BACKENDS and
+SERVER_VERIFIERS (docs/adding-a-backend.md).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from .config import StoreConfig
+from .errors import CacheError
+from .folder.maintenance import verify_folder
+from .folder.store import CacheStore
+from .postgres.url import ServerURL
+from .types import VerifyReport
+
+
+def _postgres_verify(server: ServerURL, name: str) -> VerifyReport:
+    from .postgres.db import PgDb
+    from .postgres.maintenance import verify
+    from .postgres.schema import schema_name
+
+    db = PgDb(server, schema_name(name))
+    try:
+        return verify(db, name)
+    finally:
+        db.close()
+
+
+def _postgres(server: ServerURL, name: str, settings: StoreConfig, local_root: Path | None) -> Any:
+    from .postgres.store import PgCacheStore  # psycopg and the server only when a server cache is opened
+
+    return PgCacheStore(server, name, settings, index_root=local_root)
+
+
+# URL scheme -> opener(server, cache name, settings, local folder for this worker's index)
+SERVER_BACKENDS: dict[str, Callable[[ServerURL, str, StoreConfig, Path | None], Any]] = {
+    "postgresql": _postgres, "postgres": _postgres,
+}
+# URL scheme -> read-only verify(server, cache name), which never opens (so never changes) the cache
+SERVER_VERIFIERS: dict[str, Callable[[ServerURL, str], VerifyReport]] = {
+    "postgresql": _postgres_verify, "postgres": _postgres_verify,
+}
+
+
+def _scheme(server: ServerURL, table: dict[str, Any]) -> Any:
+    scheme = urlsplit(server.url).scheme.lower()
+    if scheme not in table:
+        raise CacheError(f"no cache backend serves {scheme}:// URLs (known: {', '.join(table)})")
+    return table[scheme]
+
+
+def open_store(location: str | os.PathLike | ServerURL, settings: StoreConfig | None = None, *,
+               name: str = "default", local_root: str | os.PathLike | None = None) -> Any:
+    """The backend (a CacheBackend) at `location`: a ServerURL opens cache `name` on that server (keeping this
+    worker's entity index under `local_root`); a path opens the cache folder at that path."""
+    settings = settings or StoreConfig()
+    if isinstance(location, ServerURL):
+        local = Path(local_root) if local_root is not None else None
+        return _scheme(location, SERVER_BACKENDS)(location, name, settings, local)
+    return CacheStore(Path(location), settings)
+
+
+def verify_store(location: str | os.PathLike | ServerURL, *, name: str = "default") -> VerifyReport:
+    """Every problem of the cache at `location`, read-only: the cache is never opened for writing."""
+    if isinstance(location, ServerURL):
+        return _scheme(location, SERVER_VERIFIERS)(location, name)
+    return verify_folder(Path(location))

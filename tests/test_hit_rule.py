@@ -1,0 +1,91 @@
+"""The hit rule's Python predicates (what the benches measure) and its SQL (what the stores run) agree."""
+from __future__ import annotations
+
+import itertools
+import sqlite3
+
+import numpy as np
+import pytest
+
+from comfyui_chai.cache_store.entities.extract import Entity
+from comfyui_chai.cache_store.entities.roles import BORROWABLE, MAIN, ROLES, SCENE
+from comfyui_chai.cache_store.lookup import ranking
+from comfyui_chai.cache_store.lookup.rule import HitRule
+from comfyui_chai.cache_store.types import EmbeddedEntities
+
+DIM = 6
+PLACES = ("beach", "forest", "street", "desert", "harbour")
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+def _cases(rng: np.random.Generator, n: int) -> list[tuple[list[Entity], list[Entity], dict[str, np.ndarray]]]:
+    """Random (request, donor) entity lists of 0-2 scenes each, with vectors near or far from each other."""
+    base = {p: _unit(rng.normal(size=DIM)) for p in PLACES}
+    cases = []
+    for _ in range(n):
+        vectors: dict[str, np.ndarray] = {"dog": _unit(np.ones(DIM))}
+        sides = []
+        for side in ("r", "d"):
+            scenes = []
+            for i, place in enumerate(rng.choice(PLACES, size=int(rng.integers(0, 3)), replace=False)):
+                text = f"{side}{i} {place}"
+                vectors[text] = _unit(base[place] + rng.normal(scale=float(rng.choice([0.05, 0.4, 1.0])), size=DIM))
+                scenes.append(Entity(text, "scene", str(place), SCENE))
+            sides.append([Entity("dog", "object", "dog", MAIN), *scenes])
+        cases.append((sides[0], sides[1], vectors))
+    return cases
+
+
+def _sql_keeps(rule: HitRule, request: list[Entity], donor: list[Entity], vectors: dict[str, np.ndarray]) -> bool:
+    """Whether the ranking's scene clause keeps the donor entry, on a postings table holding just that entry."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE postings (entry_id INTEGER, entity_id INTEGER, role TEXT)")
+    ids = {e.text: i for i, e in enumerate(donor, start=1)}
+    db.executemany("INSERT INTO postings VALUES (1, ?, ?)", [(ids[e.text], e.role) for e in donor])
+    entities = EmbeddedEntities(tuple(request), np.stack([vectors[e.text] for e in request]), "test")
+    matched = [(q, ids[d.text], float(vectors[e.text] @ vectors[d.text]))
+               for q, e in enumerate(request) for d in donor]
+    matched = [m for m in matched if m[2] >= rule.threshold]
+    scenes = ranking.agreeing_scenes(entities, matched)
+    where, params = rule.scenes_sql(scenes)
+    return bool(db.execute(f"WITH best(entry_id) AS (VALUES (1)) SELECT entry_id FROM best {where}",
+                           params).fetchall())
+
+
+@pytest.mark.parametrize("scenes_must_agree", [True, False])
+@pytest.mark.parametrize("threshold", [0.5, 0.8, 0.95])
+def test_the_scene_predicate_and_its_sql_agree(threshold, scenes_must_agree):
+    rule = HitRule(threshold, scenes_must_agree=scenes_must_agree)
+    cases = _cases(np.random.default_rng(int(threshold * 100)), 300)
+    outcomes = []
+    for request, donor, vectors in cases:
+        python = rule.scenes_agree(request, donor, lambda q, d: float(vectors[q.text] @ vectors[d.text]))
+        assert _sql_keeps(rule, request, donor, vectors) == python, (request, donor)
+        outcomes.append(python)
+    if scenes_must_agree:
+        assert len(set(outcomes)) == 2  # the cases exercise both answers
+    else:
+        assert all(outcomes)
+
+
+@pytest.mark.parametrize("roles", [BORROWABLE, frozenset({MAIN}), frozenset(ROLES)])
+def test_the_role_predicate_and_its_sql_agree(roles):
+    rule = HitRule(0.8, roles=roles)
+    clause, params = rule.roles_sql("p.role")
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE postings (role TEXT)")
+    for query_role, stored_role in itertools.product(ROLES, repeat=2):
+        kept = bool(db.execute(f"SELECT 1 FROM (SELECT ? AS role) p WHERE {clause}", [stored_role, *params])
+                    .fetchall())
+        # the stored side runs in SQL; the request's side is filtered before the query (ranking.borrowable)
+        assert rule.carries(query_role, stored_role, 0.9) == (query_role in rule.roles and kept)
+    assert not rule.carries(MAIN, MAIN, 0.79)
+
+
+def test_any_role_widens_only_the_roles():
+    rule = HitRule(0.7, scenes_must_agree=False)
+    wide = rule.any_role()
+    assert wide.roles == frozenset(ROLES) and wide.threshold == 0.7 and not wide.scenes_must_agree
