@@ -11,7 +11,7 @@ import torch
 
 from comfyui_chai.cache_store.entities.embedders.function import FunctionEmbedder
 from comfyui_chai.cache_store.entities.extract import Entity
-from comfyui_chai.cache_store.service import ChaiCache, close_all, open_cache
+from comfyui_chai.cache_store.service import ChaiCache
 from comfyui_chai.chai_attention.cache_io import (WriteOutcome, lookup_hit, resolve_threshold, threshold_source,
                                                   write_trace)
 from comfyui_chai.chai_attention.comfy.capture import ModelInputCapture
