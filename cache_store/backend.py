@@ -1,20 +1,7 @@
-"""What a storage backend is: the CacheBackend protocol the service, the nodes and the CLI use, the LookupSource
-the shared lookup (lookup/flow.py) reads, with the SQL contract of its `db`, and the StoreBase every backend
-builds on. A cache folder (folder/) and a PostgreSQL cache (postgres/) are the two backends; `open_store` picks
+"""What a storage backend is: the CacheBackend protocol the service, the nodes and the CLI use, and the StoreBase
+every backend builds on; what a backend hands the shared lookup is `lookup.source.LookupSource` (with the SQL
+contract of its `db`). A cache folder (folder/) and a PostgreSQL cache (postgres/) are the two backends; `open_store` picks
 one by location. Nothing here names files, SQLite or hnswlib.
-
-The SQL contract. The ranking (lookup/ranking.py) runs plain SQL on `LookupSource.db`:
-
-- `db.query(sql, params)` returns a list of row tuples; placeholders are `?` (the backend translates them);
-- `db.PINNED_JOIN`: the join keyword that keeps the join order as written (SQLite "CROSS JOIN", else "JOIN");
-- `WITH ... AS (VALUES (?,?,?), ...)` common table expressions, `EXISTS` subqueries, `GROUP BY`, `LIMIT ?`;
-- tables and the columns read:
-  `groups(id, fingerprint, shape)`: one row per (model fingerprint, `types.shape_key` of the latent shape);
-  `entries(id, fingerprint, shape)`; `entities(id, text, kind, head, core)`, `id` being the label the entity
-  has in the vector index; `postings(group_id, entity_id, entry_id, role)`, one row per entity of an entry,
-  `role` one of `entities.roles.ROLES`.
-
-A backend that keeps no SQL would hand the lookup an object that answers these queries (or emulates the tables).
 """
 from __future__ import annotations
 
@@ -83,31 +70,6 @@ class CacheBackend(Protocol):
 
     def close(self) -> None:
         """Release the backend's resources."""
-
-
-class LookupSource(Protocol):
-    """What a backend offers the shared lookup (lookup/flow.py)."""
-
-    keeper: IndexKeeper
-
-    @property
-    def db(self) -> Any:
-        """The object the ranking queries run on (the SQL contract in this module's docstring)."""
-
-    def stored_embedder(self) -> str | None:
-        """The embedder the cache's vectors come from (None while empty)."""
-
-    def entry(self, entry_id: int) -> EntryInfo | None:
-        """One entry, or None (gone or malformed)."""
-
-    def read_entry(self, entry: EntryInfo) -> dict[str, Any]:
-        """An entry's verified tensors; CacheEntryError when they cannot serve."""
-
-    def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
-        """Refresh recency if possible; the entry as it is now."""
-
-    def set_aside(self, damaged: list[tuple[EntryInfo | int, str]]) -> None:
-        """Remove entries that failed to load (and keep their bytes for inspection where the backend can)."""
 
 
 class StoreBase:

@@ -1,6 +1,6 @@
 """One lookup, the same for every backend: index search, the hit rule, ranking over postings, loading the donor.
 
-A backend supplies a `backend.LookupSource`: its entity index (an IndexKeeper), a `db` the ranking queries run
+A backend supplies a `lookup.source.LookupSource`: its entity index (an IndexKeeper), a `db` the ranking queries run
 on (the SQL contract is written down there), and how to read, touch and set aside an entry; everything that
 decides a hit or names a miss is here, once.
 """
@@ -10,11 +10,11 @@ import logging
 import time
 from typing import Sequence
 
-from ..backend import LookupSource
 from ..entities.roles import SCENE
 from ..errors import CacheEntryError
 from ..types import EmbeddedEntities, EntryInfo, LookupResult, shape_key
 from . import ranking
+from .source import LookupSource
 from .rule import HitRule
 
 log = logging.getLogger(__name__)
