@@ -9,7 +9,7 @@ from dataclasses import dataclass
 RESOLUTIONS: tuple[str, ...] = ("144p", "240p", "360p", "480p", "720p")
 ASPECT_RATIOS: tuple[str, ...] = ("9:16", "16:9", "1:1", "3:4", "4:3")
 
-# (height, width) in pixels, from OpenSora 1.2's bucket tables (opensora/datasets/aspect.py). The odd sizes
+# (height, width) in pixels, from OpenSora 1.2's bucket tables (datasets/aspect.py in its repository). The odd sizes
 # (166x221, 370x278, 740x555 ...) are the published values, not rounding mistakes.
 IMAGE_SIZES: dict[str, dict[str, tuple[int, int]]] = {
     "144p": {"9:16": (144, 256), "3:4": (166, 221), "1:1": (192, 192), "4:3": (221, 165), "16:9": (256, 144)},
