@@ -16,6 +16,8 @@ pipi() { "$VENV/bin/python" -m pip install --quiet "$@" 2> >(grep -v 'is ignored
 echo "[setup] installing dependencies into $VENV (first run: about 3 minutes; hnswlib compiles)" >&2
 # HNSWLIB_NO_NATIVE drops -march=native so the pip-cached wheel stays portable between machines.
 HNSWLIB_NO_NATIVE=1 pipi torch==2.13.0 -r requirements.txt pytest matplotlib psutil import-linter
+# The static checks of .ci/run (scripts/check_static.sh), pinned so a new release cannot turn CI red by itself.
+pipi ruff==0.17.6 mypy==2.4.1
 # The PostgreSQL cache backend's driver (a render farm's shared cache; pyproject's optional "farm" extra): the
 # tests and bench/bench_farm.py run it against a real server. ComfyUI users install it only for that backend.
 pipi 'psycopg[binary]>=3.1,<4'
