@@ -300,8 +300,7 @@ def truncate_tokens(
     if max_tokens < 2:
         raise ValueError(f"max_tokens must be >= 2 (text plus </s>), got {max_tokens}")
     items = list(tokens)
-    ident = key or (lambda item: item)
-    has_eos = bool(items) and ident(items[-1]) == eos
+    has_eos = bool(items) and (key(items[-1]) if key is not None else items[-1]) == eos
     body = items[:-1] if has_eos else items
     body = body[: max_tokens - 1]
     return body + [items[-1]] if has_eos else body

@@ -94,7 +94,8 @@ class OpenSoraLatentFormat(comfy.latent_formats.LatentFormat):
 class ComfySTDiT3(STDiT3):
     """STDiT3 with ComfyUI's diffusion-model call convention; state-dict names are STDiT3's (official) names."""
 
-    def forward(self, x: Tensor, timestep: Tensor, context: Tensor | None = None,
+    # ComfyUI calls its diffusion model as (x, timestep, context, ...); STDiT3.forward is reached via comfy_forward.
+    def forward(self, x: Tensor, timestep: Tensor, context: Tensor | None = None,  # type: ignore[override]
                 transformer_options: dict | None = None, **kwargs: Any) -> Tensor:
         """ComfyUI entry: -v for latent x at timestep 1000*sigma; DIFFUSION_MODEL wrappers run around it."""
         options = transformer_options if transformer_options is not None else {}

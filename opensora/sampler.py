@@ -111,12 +111,9 @@ def sample(
     if cond.shape[0] != batch:
         raise ValueError(f"cond batch {cond.shape[0]} != latent batch {batch}")
     kwargs = dict(model_kwargs or {})
-    use_cfg = uncond is not None and cfg != 1.0  # cfg 1 gives v_cond exactly: skip the uncond pass
-    kwargs2 = kwargs
-    if use_cfg:
-        uncond = _match_uncond_length(cond, uncond)
-        if batched_cfg:
-            kwargs2 = _double_batch(kwargs, batch)
+    # guide: the uncond for CFG, None without guidance (cfg 1 gives v_cond exactly: skip the uncond pass)
+    guide = _match_uncond_length(cond, uncond) if uncond is not None and cfg != 1.0 else None
+    kwargs2 = _double_batch(kwargs, batch) if guide is not None and batched_cfg else kwargs
 
     in_dtype = model_dtype or dtype
 
@@ -129,14 +126,14 @@ def sample(
     for i in range(len(sigma_list) - 1):
         s, s_next = sigma_list[i], sigma_list[i + 1]
         t = torch.full((batch,), s * NUM_TIMESTEPS, dtype=torch.float32, device=x.device)
-        if not use_cfg:
+        if guide is None:
             v = call(x, t, cond, kwargs)
         elif batched_cfg:
-            out = call(torch.cat([x, x]), torch.cat([t, t]), torch.cat([cond, uncond]), kwargs2)
+            out = call(torch.cat([x, x]), torch.cat([t, t]), torch.cat([cond, guide]), kwargs2)
             v_cond, v_uncond = out.chunk(2, dim=0)
             v = cfg_combine(v_cond, v_uncond, cfg)
         else:
-            v = cfg_combine(call(x, t, cond, kwargs), call(x, t, uncond, kwargs), cfg)
+            v = cfg_combine(call(x, t, cond, kwargs), call(x, t, guide, kwargs), cfg)
         if callback is not None:
             callback(i, x, s, v)
         x = x + v * (s - s_next)

@@ -18,6 +18,7 @@ Conventions (OpenSora v1.2 ``RFLOW`` with ``use_timestep_transform=True``, the i
 from __future__ import annotations
 
 import math
+from typing import overload
 
 import torch
 
@@ -60,6 +61,14 @@ def opensora_shift(height: float, width: float, num_frames: int, *, bf16: bool =
             n = torch.ones_like(frames)
     ratio = (h * w / BASE_RESOLUTION).sqrt() * n.sqrt()
     return float(ratio.item())
+
+
+@overload
+def time_shift(u: float, shift: float) -> float: ...
+
+
+@overload
+def time_shift(u: torch.Tensor, shift: float) -> torch.Tensor: ...
 
 
 def time_shift(u: float | torch.Tensor, shift: float) -> float | torch.Tensor:

@@ -47,7 +47,7 @@ ComfyUI's DiT contract, as ComfyUI's own Wan honours it (`forward(..., transform
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, cast
 
 import torch
 from einops import rearrange
@@ -84,6 +84,11 @@ def _per_sample(value: Any, batch: int, device: torch.device, name: str) -> Tens
     elif t.numel() != batch:
         raise ValueError(f"{name} has {t.numel()} values for a batch of {batch}")
     return t
+
+
+def _blocks(blocks: nn.ModuleList) -> Iterable[STDiT3Block]:
+    """spatial_blocks or temporal_blocks as the STDiT3Blocks they hold (a ModuleList's items are untyped)."""
+    return cast(Iterable[STDiT3Block], blocks)
 
 
 def _run_block(block: STDiT3Block, patch: BlockPatch | None, args: dict[str, Any], replace: AttnReplace | None,
@@ -131,7 +136,9 @@ class STDiT3(nn.Module):
     def init_tables(self) -> None:
         """Fill the modulation tables and the null caption with N(0, 1/width), as Open-Sora initialises them."""
         # Not done by factory calls in the constructors: random factories on "meta" pull in torch._dynamo.
-        for block in [*self.spatial_blocks, *self.temporal_blocks, self.final_layer]:
+        blocks: list[STDiT3Block | T2IFinalLayer] = [*_blocks(self.spatial_blocks), *_blocks(self.temporal_blocks),
+                                                     self.final_layer]
+        for block in blocks:
             block.scale_shift_table.normal_(0.0, self.config.hidden_size ** -0.5)
         self.y_embedder.y_embedding.normal_(0.0, self.config.caption_channels ** -0.5)
 
@@ -254,7 +261,7 @@ class STDiT3(nn.Module):
         replace = attn_replace or {}
         options = dict(transformer_options or {})
         patches = (options.get("patches_replace") or {}).get(PATCH_GROUP) or {}
-        for i, (spatial, temporal) in enumerate(zip(self.spatial_blocks, self.temporal_blocks)):
+        for i, (spatial, temporal) in enumerate(zip(_blocks(self.spatial_blocks), _blocks(self.temporal_blocks))):
             args = {"y": y_tokens, "t_mlp": t_mlp, "y_mask": y_mask, "T": grid[0], "S": s}
             h = _run_block(spatial, patches.get((SPATIAL_BLOCK, i)), {**args, "x": h, "rope": None},
                            replace.get(("spatial_attn", i)), i, info, options)

@@ -81,8 +81,7 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate interleaved pairs (x[2k], x[2k+1]) of the last dim by the angles of the second-to-last (sequence) dim."""
     pairs = x.unflatten(-1, (-1, 2))
     rotated = torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
-    like = {"device": x.device, "dtype": x.dtype}
-    return x * cos.to(**like) + rotated * sin.to(**like)
+    return x * cos.to(device=x.device, dtype=x.dtype) + rotated * sin.to(device=x.device, dtype=x.dtype)
 
 
 def t2i_modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
@@ -121,6 +120,14 @@ class Layers:
 
 
 DEFAULT_LAYERS = Layers()
+
+
+def module_weight(module: nn.Module) -> Tensor:
+    """The `weight` tensor of a Linear-like layer (any `ops` namespace's)."""
+    weight = module.weight
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"{type(module).__name__}.weight is a {type(weight).__name__}, expected a tensor")
+    return weight
 
 
 class RMSNorm(nn.Module):
@@ -182,12 +189,14 @@ class TimestepEmbedder(nn.Module):
 
     def forward(self, t: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """Embed t [B] -> [B, hidden], computing in `dtype` (default: the weights' dtype)."""
-        freq = timestep_sinusoid(t, self.freq_dim).to(dtype or self.mlp[0].weight.dtype)
+        freq = timestep_sinusoid(t, self.freq_dim).to(dtype or module_weight(self.mlp[0]).dtype)
         return self.mlp(freq)
 
 
 class CaptionEmbedder(nn.Module):
     """Projects T5 features to the hidden size; holds the null caption `y_embedding` used for CFG."""
+
+    y_embedding: Tensor  # buffer
 
     def __init__(self, caption_channels: int, hidden_size: int, token_num: int, mk: Layers = DEFAULT_LAYERS) -> None:
         super().__init__()
@@ -204,6 +213,8 @@ class CaptionEmbedder(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """RoPE inverse frequencies `freqs` [head_dim/2] = theta^(-2k/head_dim), as rotary-embedding-torch's 'lang'."""
+
+    freqs: Tensor  # buffer
 
     def __init__(self, dim: int, theta: float = 10000.0, mk: Layers = DEFAULT_LAYERS) -> None:
         super().__init__()

@@ -124,12 +124,13 @@ def tiled_apply(fn: Callable[[Tensor], Tensor], x: Tensor, tile: int, overlap: i
     """Apply `fn` (which scales the last two dims by `up`) tile by tile over x's last two dims and blend the tiles."""
     h, w = x.shape[-2:]
     out_device = torch.device(out_device) if out_device is not None else x.device
-    out = weight = None
+    out: Tensor | None = None
+    weight: Tensor | None = None
     for top in tile_starts(h, tile, overlap):
         for left in tile_starts(w, tile, overlap):
             th, tw = min(tile, h), min(tile, w)
             y = fn(x[..., top:top + th, left:left + tw]).to(out_device, torch.float32)
-            if out is None:
+            if out is None or weight is None:
                 out = torch.zeros(*y.shape[:-2], h * up, w * up, device=out_device)
                 weight = torch.zeros(h * up, w * up, device=out_device)
             mask = (_ramp(th, top, h, overlap, up, out_device)[:, None]
@@ -137,6 +138,8 @@ def tiled_apply(fn: Callable[[Tensor], Tensor], x: Tensor, tile: int, overlap: i
             rows, cols = slice(top * up, (top + th) * up), slice(left * up, (left + tw) * up)
             out[..., rows, cols] += y * mask
             weight[rows, cols] += mask
+    if out is None or weight is None:
+        raise ValueError(f"no tiles cover a {h}x{w} input (tile {tile}, overlap {overlap})")
     return out / weight
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import torch
 import torch.nn.functional as F
@@ -164,7 +164,7 @@ class TemporalEncoder(nn.Module):
         """[B, in, T, H, W] (T a multiple of the downsample factor) -> [B, 2*latent, T/f, H, W]."""
         x = self.conv_in(x)
         for i, blocks in enumerate(self.block_res_blocks):
-            for block in blocks:
+            for block in cast(nn.ModuleList, blocks):  # each level is a _res_stack
                 x = block(x)
             if i < len(self.conv_blocks):
                 x = self.conv_blocks[i](x)
@@ -204,7 +204,7 @@ class TemporalDecoder(nn.Module):
         for block in self.res_blocks:
             x = block(x)
         for i in reversed(range(len(self.block_res_blocks))):
-            for block in self.block_res_blocks[i]:
+            for block in cast(nn.ModuleList, self.block_res_blocks[i]):  # each level is a _res_stack
                 x = block(x)
             if i > 0:
                 x = depth_to_time(self.conv_blocks[i - 1](x), self.time_factors[i - 1])
@@ -270,6 +270,9 @@ class TemporalVAE(nn.Module):
 
 class TemporalPart(nn.Module):
     """The temporal VAE plus the latent statistics, named as in the checkpoint (`temporal_vae.*`, `scale`, `shift`)."""
+
+    scale: Tensor  # buffers
+    shift: Tensor
 
     def __init__(self, config: TemporalVAEConfig | None = None, shift: tuple[float, ...] = LATENT_SHIFT,
                  scale: tuple[float, ...] = LATENT_SCALE) -> None:
