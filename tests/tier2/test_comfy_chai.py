@@ -526,6 +526,8 @@ def test_lora_weight_patch_on_block0_qkv_reaches_the_donor_keys_in_partial_loadi
         run = prepare.SharedRun(config, fast, donors)
         adapters.get_adapter(m).comfy_install(m, run_key=run_key)
         options = dict(m.model_options["transformer_options"])
+        # The patcher's wrappers (the capture pass) join the options as ComfyUI's sampler does before sampling.
+        options["wrappers"] = {kind: dict(found) for kind, found in m.wrappers.items()}
         if donors_on:
             options[run_key] = run
         options["cond_or_uncond"] = [0, 1]
