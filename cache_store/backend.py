@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from . import latents as lat
@@ -26,6 +27,10 @@ SAVE_INDEX_INTERVAL = 300.0  # ... but at most every 5 minutes: a save writes th
 @runtime_checkable
 class CacheBackend(Protocol):
     """Operations on one named cache of donor latents (docs/cache-store.md)."""
+
+    @property
+    def root(self) -> Path | str:
+        """Where the cache is, as reports print it: its folder, or the server's label and the cache's name."""
 
     @property
     def generation(self) -> int:
@@ -50,6 +55,12 @@ class CacheBackend(Protocol):
     def load_latents(self, entry_id: int) -> tuple[dict[str, Any], list[float]]:
         """An entry's verified tensors and the sigmas they were captured at."""
 
+    def entry(self, entry_id: int) -> EntryInfo | None:
+        """One entry, or None (never stored, or evicted since)."""
+
+    def touch(self, entry_id: int, count_hit: bool = True) -> None:
+        """Refresh an entry's recency (and its use count for LFU)."""
+
     def stats(self) -> StoreStats:
         """Counts, sizes and settings."""
 
@@ -70,6 +81,12 @@ class CacheBackend(Protocol):
 
     def close(self) -> None:
         """Release the backend's resources."""
+
+    def __enter__(self) -> Any:
+        """The backend itself, closed on leaving the `with`."""
+
+    def __exit__(self, *exc: object) -> None:
+        """Close the backend."""
 
 
 class StoreBase:

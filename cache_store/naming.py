@@ -1,6 +1,7 @@
 """Cache names and entry file names that can never point outside the cache root."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -21,7 +22,7 @@ def validate_cache_name(name: str) -> str:
     return name
 
 
-def cache_dir(root: str | Path, name: str) -> Path:
+def cache_dir(root: str | os.PathLike[str], name: str) -> Path:
     """Folder of cache `name` under `root`, guaranteed to stay inside `root`."""
     root_path = Path(root).expanduser().resolve()
     path = (root_path / validate_cache_name(name)).resolve()

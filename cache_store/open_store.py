@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from .backend import CacheBackend
 from .config import StoreConfig
 from .errors import CacheError
 from .folder.maintenance import verify_folder
@@ -54,7 +55,7 @@ def _scheme(server: ServerURL, table: dict[str, Any]) -> Any:
 
 
 def open_store(location: str | os.PathLike | ServerURL, settings: StoreConfig | None = None, *,
-               name: str = "default", local_root: str | os.PathLike | None = None) -> Any:
+               name: str = "default", local_root: str | os.PathLike | None = None) -> CacheBackend:
     """The backend (a CacheBackend) at `location`: a ServerURL opens cache `name` on that server (keeping this
     worker's entity index under `local_root`); a path opens the cache folder at that path."""
     settings = settings or StoreConfig()

@@ -7,8 +7,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from .backend import CacheBackend
 from .config import StoreConfig
 from .errors import CacheError, CacheUnavailableError
 from .lookup.rule import HitRule
@@ -17,6 +18,9 @@ from .open_store import open_store
 from .postgres.url import ServerURL, resolve
 from .prepare import NothingToStoreError
 from .types import EmbeddedEntities, InsertResult, LookupResult
+
+if TYPE_CHECKING:  # the extractor (and spaCy) load on first use
+    from .entities.extract import EntityExtractor
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +53,13 @@ class ChaiCache:
         self.settings = StoreConfig(budget_bytes=budget_bytes, policy=policy)
         self.server = server
         # root: the cache folder, or (with a server) the local folder that keeps this worker's entity index
-        self.store: Any = open_store(root if server is None else server, self.settings, name=name or "default",
-                                     local_root=root)
+        self.store: CacheBackend = open_store(root if server is None else server, self.settings,
+                                              name=name or "default", local_root=root)
         self.root: Path | str = Path(root) if server is None else self.store.root
         self._embedder_spec = embedder
         self._embedder = None if isinstance(embedder, str) else embedder
         self._spacy_pipeline = spacy_pipeline
-        self._extractor = None
+        self._extractor: EntityExtractor | None = None
         self._threshold = threshold
         self.scenes_must_agree = scenes_must_agree  # False only for studies that force a donor of another scene
         self._lock = threading.RLock()
@@ -72,7 +76,7 @@ class ChaiCache:
             return self._embedder
 
     @property
-    def extractor(self) -> Any:
+    def extractor(self) -> EntityExtractor:
         """The spaCy entity extractor (loaded on first use)."""
         with self._lock:
             if self._extractor is None:

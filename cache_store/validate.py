@@ -82,7 +82,7 @@ def check_entities(entities: Sequence[Sequence[str]]) -> tuple[tuple[str, str, s
     for row in entities:
         if not isinstance(row, (tuple, list)) or not 2 <= len(row) <= 5:
             raise InvalidEntryError(f"an entity row must be (text, kind, role, head, core), got {row!r}")
-        text, kind, role, head, core = (*row, *[None] * (5 - len(row)))
+        text, kind, role, head, core = [*row] + [None] * (5 - len(row))
         text = check_text(text, "entity text", MAX_ENTITY_TEXT)
         role = "main" if role is None else role
         if role not in ROLES:
@@ -127,9 +127,10 @@ def check_latents(tensors: Mapping[str, Any], shape: Sequence[int] | None = None
     return dims, dtype
 
 
-def check_record(prompt: str, entities: Sequence[Sequence[str]], vectors: Any, embedder: str, fingerprint: str,
-                 tensors: Mapping[str, Any], sigmas: Sequence[Any], shape: Sequence[int] | None = None,
-                 extra: Mapping[str, Any] | None = None, dim: int | None = None) -> EntryRecord:
+def check_record(prompt: object, entities: Sequence[Sequence[str]], vectors: Any, embedder: object,
+                 fingerprint: object, tensors: Mapping[str, Any], sigmas: Sequence[Any],
+                 shape: Sequence[int] | None = None, extra: Mapping[str, Any] | None = None,
+                 dim: int | None = None) -> EntryRecord:
     """Validate a whole entry; raise InvalidEntryError naming the first problem."""
     ents = check_entities(entities)
     dims, dtype = check_latents(tensors, shape)

@@ -97,7 +97,7 @@ class AttentionCall:
     def args_kwargs(self) -> tuple[list[Any], dict[str, Any]]:
         """Positional and keyword arguments that call func as bound."""
         signature = inspect.signature(self.func)
-        bound = inspect.BoundArguments(signature, dict(self.arguments))  # type: ignore[arg-type]
+        bound = inspect.BoundArguments(signature, dict(self.arguments))
         return list(bound.args), dict(bound.kwargs)
 
     def run(self, through: Override | None = None) -> Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, NamedTuple, Protocol, Sequence
 
@@ -18,14 +19,68 @@ from .payloads import CacheHit, PromptEntities, SampleTrace
 class EmbedderLike(Protocol):
     """What the glue reads of an embedder (cache_store.entities.embedders.Embedder)."""
 
-    identity: str
-    default_threshold: float
+    @property
+    def identity(self) -> str: ...
+
+    @property
+    def default_threshold(self) -> float: ...
+
+
+class EntryLike(Protocol):
+    """What the glue reads of a cache entry (cache_store.types.EntryInfo)."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def sigmas(self) -> Sequence[float]: ...
+
+
+class MatchLike(Protocol):
+    """A matched entity pair of a hit (cache_store.types.Match)."""
+
+    @property
+    def query(self) -> str: ...
+
+    @property
+    def entity(self) -> str: ...
+
+    @property
+    def similarity(self) -> float: ...
+
+
+class FoundLike(Protocol):
+    """A lookup's outcome (cache_store.types.LookupResult): a hit with its entry and latents, or a miss."""
+
+    @property
+    def hit(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def entry(self) -> EntryLike | None: ...
+
+    @property
+    def matches(self) -> Sequence[MatchLike]: ...
+
+    @property
+    def latents(self) -> Mapping[str, Any] | None: ...
+
+    @property
+    def timings(self) -> Mapping[str, float]: ...
+
+    def report(self) -> str:
+        """A short summary of the hit or miss."""
 
 
 class StoreLike(Protocol):
     """What the glue calls on a cache's store (either backend)."""
 
-    def entry(self, entry_id: int) -> Any | None:
+    def entry(self, entry_id: int) -> EntryLike | None:
         """The entry, or None once it is gone."""
 
     def touch(self, entry_id: int, count_hit: bool = True) -> None:
@@ -35,8 +90,11 @@ class StoreLike(Protocol):
 class WrittenLike(Protocol):
     """A cache write's outcome (cache_store.service.WriteResult)."""
 
-    stored: bool
-    reason: str
+    @property
+    def stored(self) -> bool: ...
+
+    @property
+    def reason(self) -> str: ...
 
 
 class CacheLike(Protocol):
@@ -49,7 +107,7 @@ class CacheLike(Protocol):
     def threshold(self) -> float: ...
 
     @property
-    def embedder(self) -> Any: ...
+    def embedder(self) -> EmbedderLike: ...
 
     @property
     def store(self) -> StoreLike: ...
@@ -57,8 +115,9 @@ class CacheLike(Protocol):
     def embed_entities(self, entities: Sequence[Any], embedder: Any = None) -> Any:
         """The entities embedded (EmbeddedEntities)."""
 
-    def lookup(self, entities: Any, fingerprint: str, shape: Sequence[int], threshold: float | None = None) -> Any:
-        """A LookupResult: hit (entry, matches, loaded latents) or miss (reason)."""
+    def lookup(self, entities: Any, fingerprint: str, shape: Sequence[int],
+               threshold: float | None = None) -> FoundLike:
+        """A hit (entry, matches, loaded latents) or a miss (reason)."""
 
     def write(self, prompt: str, entities: Any, fingerprint: str, latents: Mapping[str, Any],
               sigmas: Sequence[float], shape: Sequence[int] | None = None,
@@ -125,22 +184,24 @@ def lookup_hit(cache: CacheLike, entities: PromptEntities, fingerprint: str, sha
     shape = tuple(int(s) for s in shape)
     result = cache.lookup(embedded, fingerprint, shape, thr)
     timings = {"embed": t_embed, **result.timings, "lookup": time.perf_counter() - t0}
-    base = dict(fingerprint=fingerprint, shape=shape, threshold=thr,
-                threshold_source=threshold_source(cache, entities, threshold), prompt=entities.prompt,
-                entities=tuple(entities.texts), cache_root=str(cache.root), timings=timings)
+    miss = CacheHit(False, result.reason, result.report(), fingerprint=fingerprint, shape=shape, threshold=thr,
+                    threshold_source=threshold_source(cache, entities, threshold), prompt=entities.prompt,
+                    entities=tuple(entities.texts), cache_root=str(cache.root), timings=timings)
     if not result.hit:
-        return CacheHit(False, result.reason, result.report(), **base)
+        return miss
+    if result.entry is None:
+        raise ValueError(f"the cache at {cache.root} reported a hit without its entry")
     matches = tuple((m.query, m.entity, float(m.similarity)) for m in result.matches)
-    found = dict(entry_id=result.entry.id, donor_prompt=result.entry.prompt, matches=matches)
+    found = replace(miss, entry_id=result.entry.id, donor_prompt=result.entry.prompt, matches=matches)
     try:
         donors = DonorSet.from_lookup(result)
     except ValueError as exc:
         reason = f"cache entry {result.entry.id} holds no usable donor latents ({exc})"
-        return CacheHit(False, reason, f"miss: {reason}", **base, **found)
+        return replace(found, reason=reason, report=f"miss: {reason}")
     if tuple(donors.shape) != shape:
         reason = f"cache entry {result.entry.id} holds latents of shape {list(donors.shape)}, not {list(shape)}"
-        return CacheHit(False, reason, f"miss: {reason}", **base, **found)
-    return CacheHit(True, result.reason, result.report(), donors=donors, **base, **found)
+        return replace(found, reason=reason, report=f"miss: {reason}")
+    return replace(found, hit=True, donors=donors)
 
 
 def write_trace(cache: CacheLike, entities: PromptEntities, trace: SampleTrace) -> WriteReport:
@@ -173,5 +234,5 @@ def write_trace(cache: CacheLike, entities: PromptEntities, trace: SampleTrace) 
     return WriteReport(WriteOutcome.STORED, f"{written.reason}; entities [{entities.listing()}]; donor sigmas {sig}")
 
 
-__all__ = ["CacheLike", "StoreLike", "EmbedderLike", "WrittenLike", "WriteOutcome", "WriteReport",
-           "resolve_threshold", "threshold_source", "lookup_hit", "write_trace"]
+__all__ = ["CacheLike", "StoreLike", "EmbedderLike", "EntryLike", "MatchLike", "FoundLike", "WrittenLike",
+           "WriteOutcome", "WriteReport", "resolve_threshold", "threshold_source", "lookup_hit", "write_trace"]

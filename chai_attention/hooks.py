@@ -215,7 +215,9 @@ class BlockPatch:
 
     def __call__(self, args: dict, extra: dict) -> dict:
         options = args.get("transformer_options")
-        state = options.get(PASS_KEY) if isinstance(options, Mapping) else None
+        if not isinstance(options, Mapping):
+            return self._next(args, extra)
+        state = options.get(PASS_KEY)
         if state is None:
             return self._next(args, extra)
         override = AttentionOverride(self.adapter, state, args, options.get(OVERRIDE_KEY))
@@ -264,25 +266,25 @@ class CacheAttentionWrapper:
         return self  # stateless (see BlockPatch)
 
     def __call__(self, executor: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        args, kwargs, options = _split_apply_model_args(args, kwargs)
+        call_args, call_kwargs, options = _split_apply_model_args(args, kwargs)
         run = options.get(self.run_key)
         if not isinstance(run, CacheAttentionRun):
-            return executor(*args, **kwargs)
-        self.adapter.check_call(kwargs)
-        t = args[1]
+            return executor(*call_args, **call_kwargs)
+        self.adapter.check_call(call_kwargs)
+        t = call_args[1]
         sigma = first_value(t)
         plan = run.plan_for(sigma) if sigma is not None else None
         if plan is None:
-            return executor(*args, **kwargs)
+            return executor(*call_args, **call_kwargs)
         layout = tuple(int(c) for c in options.get("cond_or_uncond") or (COND,))
         flags = run.chunk_flags(layout, options.get("uuids"))
         if not any(flags):
-            return executor(*args, **kwargs)
-        donor = self.capture(executor, args, kwargs, options, plan, run)
+            return executor(*call_args, **call_kwargs)
+        donor = self.capture(executor, call_args, call_kwargs, options, plan, run)
         live = LivePass(donor, flags, run.config.kv_mode,
                         lambda used, total: run.record(plan, self.adapter.firing_kind, self._block_index(), used,
                                                        total))
-        live_args, live_kwargs = _with_options(args, kwargs, {**options, PASS_KEY: live})
+        live_args, live_kwargs = _with_options(call_args, call_kwargs, {**options, PASS_KEY: live})
         # A step cache (EasyCache) may answer this step without running the model: then nothing fires, and the
         # run's summary reports the cache step that never fired.
         return executor(*live_args, **live_kwargs)

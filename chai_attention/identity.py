@@ -245,8 +245,8 @@ def conditioning_digest(positive: Sequence[Any] | None, latent: Mapping[str, Any
                 found = True
                 h.update(key.encode())
                 CONDITIONING_HASHER.feed(options[key], h)
-    mask = (latent or {}).get("noise_mask")
-    if isinstance(mask, Tensor):
+    mask = latent.get("noise_mask") if latent is not None else None
+    if latent is not None and isinstance(mask, Tensor):
         found = True
         h.update(b"noise_mask")
         CONDITIONING_HASHER.feed(mask, h)

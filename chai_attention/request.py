@@ -45,6 +45,12 @@ class RequestPlan:
     run: CacheAttentionRun | None = None
     capture: CapturePlan | None = None
 
+    def full_capture(self) -> CapturePlan:
+        """The donor-capture plan of a FULL request (ValueError for a FAST one, which captures nothing)."""
+        if self.capture is None:
+            raise ValueError(f"a {self.mode} request has no donor-capture plan")
+        return self.capture
+
 
 def start_report(hit: CacheHit | None, config: ChaiConfig) -> ChaiReport:
     """The report of a request before it samples (a full run until `plan_request` finds the hit usable)."""
@@ -69,6 +75,8 @@ def usable_run(hit: CacheHit | None, fingerprint: str, shape: Sequence[int], con
     why = hit.unusable_reason(fingerprint, tuple(shape))
     if why is not None:
         return None, why
+    if hit.donors is None:  # unusable_reason refuses a hit without donors
+        raise ValueError("a usable cache hit must carry its donor latents")
     run = run_cls(config, fast_sigmas, hit.donors)
     try:
         adapter.check_run(run, tuple(shape))
@@ -104,6 +112,8 @@ def plan_request(hit: CacheHit | None, *, fingerprint: str, shape: Sequence[int]
 def finish_fast(plan: RequestPlan) -> None:
     """Record in the report which cache steps fired; warn when a configured one never did."""
     run, report = plan.run, plan.report
+    if run is None:
+        raise ValueError(f"finish_fast needs a fast plan with its Cache Attention run, not a {plan.mode} one")
     report.fired_steps = run.fired_steps
     report.attention = run.summary()
     if set(run.fired_steps) != set(run.config.cache_steps):
@@ -123,10 +133,14 @@ def trace_for(plan: RequestPlan, hit: CacheHit | None, *, fingerprint: str, shap
               config: ChaiConfig, sampler_name: str, scheduler: str, donors: DonorSet | None = None,
               capture_problem: str = "") -> SampleTrace:
     """The CHAI_TRACE of a finished run (what the cache write decides on)."""
-    fast = plan.run is not None
+    run = plan.run
+    donor_entry, donor_cache = None, None
+    if run is not None:  # a fast run: it refreshes its donor's recency on the write
+        if hit is None:
+            raise ValueError("the trace of a fast run needs the hit it ran with")
+        donor_entry, donor_cache = hit.entry_id, hit.cache_root
     return SampleTrace(
         mode=plan.mode, fingerprint=fingerprint, shape=tuple(shape), config=config, sampler_name=sampler_name,
-        scheduler=scheduler, sigmas=plan.sigmas, report=plan.report, donors=None if fast else donors,
-        capture_problem=capture_problem, donor_entry=hit.entry_id if fast else None,
-        donor_cache=hit.cache_root if fast else None, fired_steps=plan.run.fired_steps if fast else (),
-        firings=tuple(plan.run.firings) if fast else ())
+        scheduler=scheduler, sigmas=plan.sigmas, report=plan.report, donors=None if run is not None else donors,
+        capture_problem=capture_problem, donor_entry=donor_entry, donor_cache=donor_cache,
+        fired_steps=run.fired_steps if run is not None else (), firings=tuple(run.firings) if run is not None else ())

@@ -184,7 +184,7 @@ class ChaiPipeline:
                 plan.run.release()
             finish_fast(plan)
         else:
-            capture = DonorCapture(plan.capture)
+            capture = DonorCapture(plan.full_capture())
             latent = opensora_sampler.sample(self.model, noise, y, use_uncond, plan.sigmas, self.cfg, capture, kwargs,
                                              batched_cfg=self.batched_cfg)
             capture.observe_final(latent, plan.sigmas[-1])

@@ -107,7 +107,7 @@ def apply_report(applied: AppliedRun) -> str:
         lines.append(f"cache steps {','.join(map(str, applied.config.cache_steps))} of {applied.steps}")
     else:
         lines.append(f"capturing donor latents at full-schedule steps "
-                     f"{', '.join(str(i + 1) for i in applied.plan.capture.indices) or 'final'}")
+                     f"{', '.join(str(i + 1) for i in applied.plan.full_capture().indices) or 'final'}")
     lines.append(f"switch_step {applied.switch_step} (Wan 2.2 A14B two-sampler graphs)")
     return "\n".join(lines)
 

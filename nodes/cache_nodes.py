@@ -9,7 +9,7 @@ from comfy_api.latest import io
 
 from ..cache_store import CacheUnavailableError, budget_from_gb
 from ..cache_store.naming import validate_cache_name
-from ..cache_store.service import open_cache
+from ..cache_store.service import ChaiCache, open_cache
 from .canvas import executing_node_id, show
 from .errors import ChaiNodeError, user_errors
 from .paths import cache_root
@@ -140,19 +140,19 @@ class CacheStats(io.ComfyNode):
         return float("nan")
 
     @classmethod
-    def execute(cls, cache: list, action: list, after: list | None = None) -> io.NodeOutput:
+    def execute(cls, cache: list[ChaiCache], action: list[str], after: list | None = None) -> io.NodeOutput:
         # is_input_list: every input arrives as a list; the cache and action are the first (only) ones.
-        cache, action = cache[0], action[0]
-        if action not in ACTIONS:
-            raise ChaiNodeError(f"CHAI Cache Stats: unknown action {action!r}; choose one of "
+        handle, chosen = cache[0], action[0]
+        if chosen not in ACTIONS:
+            raise ChaiNodeError(f"CHAI Cache Stats: unknown action {chosen!r}; choose one of "
                                 f"{', '.join(ACTIONS)}")
         with user_errors("CHAI Cache Stats"):
-            store = cache.store
+            store = handle.store
             lines = []
             try:
-                if action == ACTION_CLEAR:
+                if chosen == ACTION_CLEAR:
                     lines.append(f"cleared {store.clear()} entries")
-                elif action == ACTION_PRUNE:
+                elif chosen == ACTION_PRUNE:
                     lines.append(f"pruned {len(store.prune())} entries to fit the budget")
                 stats = store.stats()
                 entries = store.entries(RECENT_ENTRIES) if stats.entries else []
@@ -161,7 +161,7 @@ class CacheStats(io.ComfyNode):
                 log.warning("[CHAI] cache stats: %s", exc)
                 return io.NodeOutput(report, ui=show("cache server unreachable", report))
         report = format_report(Path(stats.root).name, stats.report(), lines, entries, stats.entries)
-        log.info("[CHAI] cache %r: %s, %d entries", Path(stats.root).name, action, stats.entries)
+        log.info("[CHAI] cache %r: %s, %d entries", Path(stats.root).name, chosen, stats.entries)
         status = " · ".join([*lines, f"{stats.entries} entries", f"{stats.bytes / 1e6:.1f} of "
                              f"{stats.budget_bytes / 1e6:.0f} MB"])
         return io.NodeOutput(report, ui=show(status, report))

@@ -16,9 +16,9 @@ from comfy_api.latest import io
 from ..cache_store import CacheUnavailableError, EmbedderMismatchError, EntryTooLargeError
 from ..cache_store.entities.embedders.function import FunctionEmbedder
 from ..cache_store.entities.extract import EntityExtractor
-from ..cache_store.service import note_lookup, reader_generation
+from ..cache_store.service import ChaiCache, note_lookup, reader_generation
 from ..chai_attention.adapters import supported_families
-from ..chai_attention.cache_io import CacheLike, WriteOutcome, WriteReport, write_trace
+from ..chai_attention.cache_io import WriteOutcome, WriteReport, write_trace
 from ..chai_attention.comfy.lookup import chai_lookup
 from ..chai_attention.comfy.sample import chai_sample
 from ..chai_attention.comfy.text import TEXT_ENCODER_THRESHOLD, text_encoder_embedder
@@ -148,7 +148,7 @@ class CacheLookup(io.ComfyNode):
         return threshold, reader_generation(f"CHAI_CacheLookup:{executing_node_id()}")
 
     @classmethod
-    def execute(cls, cache: CacheLike, entities: PromptEntities, model: Any, latent: dict, threshold: float,
+    def execute(cls, cache: ChaiCache, entities: PromptEntities, model: Any, latent: dict, threshold: float,
                 model_2: Any = None, positive: Any = None) -> io.NodeOutput:
         node = "CHAI Cache Lookup"
         with user_errors(node):
@@ -265,7 +265,7 @@ class CacheWrite(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, cache: Any, entities: PromptEntities, trace: SampleTrace) -> io.NodeOutput:
+    def execute(cls, cache: ChaiCache, entities: PromptEntities, trace: SampleTrace) -> io.NodeOutput:
         with user_errors("CHAI Cache Write"):
             try:
                 written = write_trace(cache, entities, trace)

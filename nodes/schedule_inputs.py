@@ -8,7 +8,7 @@ from comfy_api.latest import io
 
 from ..chai_attention import constants
 from ..chai_attention.comfy.schedule import OPENSORA_SCHEDULER, node_schedule
-from ..chai_attention.config import ChaiConfig, check_cache_steps
+from ..chai_attention.config import ChaiConfig, check_cache_steps, parse_cache_steps
 from ..chai_attention.request import Schedule
 from .sockets import CHAI_HIT
 from .widgets import combo
@@ -69,6 +69,6 @@ def validate_steps(cache_steps: str | None, fast_steps: int | None) -> bool | st
 def chai_plan_inputs(model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,
                      cache_steps: str, kv_mode: str, apply_to: str) -> tuple[ChaiConfig, Schedule]:
     """(ChaiConfig, steps -> sigmas) from the schedule inputs CHAI Sampler and CHAI Apply share."""
-    config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=cache_steps, kv_mode=kv_mode,
-                        apply_to=apply_to)
+    config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=parse_cache_steps(cache_steps),
+                        kv_mode=kv_mode, apply_to=apply_to)
     return config, node_schedule(model, latent, sampler_name, scheduler)

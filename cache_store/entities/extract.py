@@ -337,18 +337,18 @@ def _clean(doc: "Doc", indices: Iterable[int], nominal: set[int]) -> list[int]:
 
 def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:
     """Cleaned candidates whose token range is not inside another candidate's range (sort and sweep)."""
-    ranges = []
+    ranges: list[tuple[int, int, tuple[int, ...]]] = []
     for indices in candidates:
         if indices:
             ranges.append((indices[0], indices[-1] + 1, tuple(indices)))
     ranges.sort(key=lambda r: (r[0], -r[1]))
-    out = []
+    out: list[tuple[int, ...]] = []
     max_end = -1
-    for start, end, indices in ranges:
+    for _start, end, span in ranges:
         if end <= max_end:
             continue  # inside an earlier, wider (or equal) candidate
         max_end = end
-        out.append(indices)
+        out.append(span)
     return out
 
 

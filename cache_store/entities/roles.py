@@ -90,7 +90,7 @@ def activity(doc: "Doc", head_index: int, lemma: Callable[["Token"], str] = lamb
     if obj is None:
         prep = next((c for c in verb.children if c.dep_ == "prep"), None)
         obj = next((c for c in prep.children if c.dep_ == "pobj"), None) if prep is not None else None
-        if obj is not None and obj.pos_ in ("NOUN", "PROPN"):
+        if obj is not None and prep is not None and obj.pos_ in ("NOUN", "PROPN"):
             words.append(prep.lower_)
         else:
             obj = None

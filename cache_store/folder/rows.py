@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..config import DEFAULT_POLICY, POLICIES
+from ..errors import CacheWriteError
 from ..types import LOG_KEEP, shape_key
 from ..validate import EntryRecord, check_embedder
 from .manifest import Manifest
@@ -34,6 +35,8 @@ def insert_entry(cur: sqlite3.Cursor, record: EntryRecord, file: str, nbytes: in
          json.dumps(list(record.tensors)), json.dumps(dict(record.extra)), now, now, tick, group_id))
     cur.execute("UPDATE meta SET value = CAST(value AS INTEGER) + ? WHERE key='total_bytes'", (nbytes,))
     entry_id = cur.lastrowid
+    if entry_id is None:  # sqlite3 sets it after every INSERT; None would file the entities under no entry
+        raise CacheWriteError("the manifest returned no id for the new entry")
     seen: set[str] = set()
     for (text, kind, role, head, core), vector in zip(record.entities, record.vectors):
         if text in seen:
@@ -97,7 +100,8 @@ def recount_bytes(cur: sqlite3.Cursor) -> int:
 def victims(cur: sqlite3.Cursor, need: int, policy: str) -> list[int]:
     """Entries to evict, in policy order, freeing at least `need` bytes."""
     order = "hits, use_tick" if policy == "lfu" else "use_tick"
-    out, freed = [], 0
+    out: list[int] = []
+    freed = 0
     if need <= 0:
         return out
     for row in cur.execute(f"SELECT id, nbytes FROM entries ORDER BY {order}"):

@@ -83,7 +83,8 @@ class CacheStore(StoreBase):
                                 current, wanted)
 
     def _settings(self) -> tuple[int, str]:
-        meta = dict(self.manifest.query("SELECT key, value FROM meta WHERE key IN ('budget_bytes', 'policy')"))
+        rows = self.manifest.query("SELECT key, value FROM meta WHERE key IN ('budget_bytes', 'policy')")
+        meta = {key: value for key, value in rows}
         return (stored_setting("budget_bytes", meta.get("budget_bytes")) or DEFAULT_BUDGET_BYTES,
                 stored_setting("policy", meta.get("policy")) or DEFAULT_POLICY)
 

@@ -100,6 +100,8 @@ class IndexKeeper:
         name = state["file"]
         if not lat.is_leaf_name(name) or name.startswith("."):
             raise IndexLoadError("invalid index file name")
+        if head.dim is None:  # load() only gets here with vectors in the log
+            raise IndexLoadError("the change log holds no vectors to index")
         self.index = VectorIndex.load(self.index_dir / name, head.dim, **self._kwargs)
         self.seq = state["seq"]
         self.sync(force=True)

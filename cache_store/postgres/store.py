@@ -43,6 +43,9 @@ INDEX_FOLDER = ".server-index"  # under the local cache root: <schema>-<instance
 class PgCacheStore(StoreBase):
     """A budgeted, entity-indexed store of donor latents on a PostgreSQL server (a CacheBackend)."""
 
+    index_dir: Path  # this worker's entity-index folder and its lock, set by _open
+    _index_lock: FileLock
+
     def __init__(self, server: ServerURL, name: str, config: StoreConfig | None = None, *,
                  index_root: str | os.PathLike | None = None, index_kwargs: Mapping[str, Any] | None = None) -> None:
         self.server = server

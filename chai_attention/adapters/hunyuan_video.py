@@ -9,7 +9,7 @@ conditioning the video (docs/cache-attention.md says why and what each K/V mode 
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence, cast
 
 import torch
 from torch import Tensor, nn
@@ -78,7 +78,8 @@ class HunyuanVideoAdapter(ModelAdapter):
             return (f"its input takes {in_channels} channels for a {out_channels}-channel latent (the image is "
                     "concatenated: HunyuanVideo image-to-video or SkyReels I2V), so a donor latent alone cannot be "
                     "its input")
-        if not getattr(model.double_blocks[0], "flipped_img_txt", False):
+        first = cast(nn.ModuleList, model.double_blocks)[0]  # a ModuleList, as recognise() checked
+        if not getattr(first, "flipped_img_txt", False):
             return "its double blocks put the text tokens before the image tokens (not HunyuanVideo's layout)"
         return None
 

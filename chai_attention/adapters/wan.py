@@ -9,7 +9,7 @@ docs/cache-attention.md.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from torch import Tensor, nn
 
@@ -75,10 +75,11 @@ class WanAdapter(ModelAdapter):
         model_type = getattr(model, "model_type", "t2v")
         if model_type not in ("t2v", "i2v"):
             return f"{name} is a Wan {model_type!r} model"
-        out_dim = getattr(model, "out_dim", None) or model.patch_embedding.in_channels
-        extra = model.patch_embedding.in_channels - out_dim
+        in_channels = cast(nn.Conv3d, model.patch_embedding).in_channels  # a Conv3d, as recognise() checked
+        out_dim = getattr(model, "out_dim", None) or in_channels
+        extra = in_channels - out_dim
         if extra not in (0, IMAGE_CHANNELS):
-            return (f"its input takes {model.patch_embedding.in_channels} channels for a {out_dim}-channel latent: "
+            return (f"its input takes {in_channels} channels for a {out_dim}-channel latent: "
                     f"{extra} concatenated channels are not an image-to-video mask and image (Fun-Control and "
                     "other control-video models are not supported)")
         return None

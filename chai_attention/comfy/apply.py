@@ -144,7 +144,8 @@ def check_before_switch(plan: RequestPlan, switch: int, boundary: float) -> None
         late = [s for s in plan.run.config.cache_steps if s > switch]
         what = f"cache steps {late} of the {len(plan.sigmas) - 1}-step fast schedule"
     else:
-        late = [i + 1 for i in plan.capture.indices if i >= switch]  # a final latent comes from CHAI Apply Trace
+        # a final latent comes from CHAI Apply Trace
+        late = [i + 1 for i in plan.full_capture().indices if i >= switch]
         what = f"the donor capture (full-schedule steps {late})"
     if late:
         raise ValueError(f"{what} fall at sigmas below the experts' boundary {boundary:g} (after switch_step "

@@ -42,13 +42,17 @@ class ModelInputCapture(DonorCapture):
         part = x[at * rows:(at + 1) * rows]
         return part if tuple(part.shape) == self.shape else None
 
-    def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+    # An APPLY_MODEL wrapper, not a step callback: nothing calls it through DonorCapture's callback signature.
+    def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """APPLY_MODEL wrapper: (x, t, c_concat, c_crossattn, control, transformer_options, ...)."""
         if self.check is not None:
             self.check(kwargs)
         x, t = args[0], args[1]
         options = args[5] if len(args) > 5 else kwargs.get("transformer_options") or {}
-        step = match_step(first_value(t), self.full_sigmas)
+        sigma = first_value(t)
+        if sigma is None:
+            raise ValueError("the model was called with an empty timestep: no step of the schedule to capture")
+        step = match_step(sigma, self.full_sigmas)
         if step is not None and step in self.plan.indices:
             part = self._chunk(x, options.get("cond_or_uncond"))
             if part is None:

@@ -50,7 +50,7 @@ def check_phrases(phrases: Sequence[str]) -> list[str]:
 def normalise_rows(vectors: np.ndarray, phrases: Sequence[str], source: str) -> np.ndarray:
     """L2-normalise rows to float32; EmbedError naming the phrases whose rows are non-finite or zero."""
     vecs = np.asarray(vectors, dtype=np.float64)
-    finite = np.isfinite(vecs).all(axis=1)
+    finite = np.asarray(np.isfinite(vecs).all(axis=1))
     norms = np.linalg.norm(np.where(finite[:, None], vecs, 0.0), axis=1)
     bad_nonfinite = np.flatnonzero(~finite).tolist()
     bad_zero = np.flatnonzero(finite & (norms <= 1e-12)).tolist()

@@ -272,10 +272,11 @@ class MiniLMEmbedder(Embedder):
     def _read_config(self) -> dict[str, Any]:
         with self._lock:
             if self._config is None:
-                config = _read_json(self._locate() / "config.json")
+                folder = self._locate()
+                config = _read_json(folder / "config.json")
                 missing = [k for k in ("hidden_size", "num_attention_heads", "num_hidden_layers") if k not in config]
                 if missing:
-                    raise EmbedError(f"{self._folder / 'config.json'} lacks {', '.join(missing)}")
+                    raise EmbedError(f"{folder / 'config.json'} lacks {', '.join(missing)}")
                 self._config = config
             return self._config
 
@@ -384,6 +385,9 @@ class MiniLMEmbedder(Embedder):
         """Tokenize and run the forward in length-sorted batches; rows come back in `unique` order."""
         import torch
 
+        bert = self._bert
+        if bert is None:
+            raise EmbedError(f"{MODEL_NAME} is not loaded: call load() before encoding")
         encodings = self._tokenizer.encode_batch(unique)
         token_ids: list[list[int]] = []
         bad: list[int] = []
@@ -399,7 +403,7 @@ class MiniLMEmbedder(Embedder):
                 f"{describe_phrases(items, sorted(bad))}"
             )
         order = sorted(range(len(unique)), key=lambda j: len(token_ids[j]))
-        pooled = np.empty((len(unique), self._bert.hidden), dtype=np.float32)
+        pooled = np.empty((len(unique), bert.hidden), dtype=np.float32)
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
                 rows = order[start:start + self.batch_size]
@@ -409,7 +413,7 @@ class MiniLMEmbedder(Embedder):
                 for r, j in enumerate(rows):
                     ids[r, :len(token_ids[j])] = token_ids[j]
                     mask[r, :len(token_ids[j])] = True
-                result = self._bert.pooled(
+                result = bert.pooled(
                     torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device)
                 )
                 pooled[rows] = result.float().cpu().numpy()
