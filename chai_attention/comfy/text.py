@@ -42,7 +42,7 @@ def _phrase_vector(clip: Any, phrase: str) -> Tensor:
 
 def _word_ids(tokens: Any) -> list[int]:
     """The word ids of a ComfyUI tokenize(..., return_word_ids=True) result ({name: [[(token, weight, id)]]})."""
-    ids = []
+    ids: list[int] = []
     for batches in (tokens.values() if isinstance(tokens, dict) else [tokens]):
         for batch in batches:
             ids.extend(int(t[2]) for t in batch if isinstance(t, (tuple, list)) and len(t) > 2)
