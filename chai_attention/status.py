@@ -28,22 +28,29 @@ def one_line(status: str, limit: int = MAX_STATUS) -> str:
 
 def entities_status(texts: list[str] | tuple[str, ...], language: str | None = None,
                     cut: tuple[int, int] | None = None) -> str:
-    """'entities: ball, sunny beach' (at most MAX_LISTED named, then '+N more'), or why there are none.
+    """'entities: ball, sunny beach' (as many as fit one line, at most MAX_LISTED, then '+N more'), or why
+    there are none.
 
-    `language`: the code of the other language the prompt is in; `cut`: (words kept, words in the prompt) when
+    `language`: the name of the other language the prompt is in; `cut`: (words kept, words in the prompt) when
     the text encoder reads only the start of the prompt and the entities come from that start.
     """
-    if texts:
-        shown = list(texts[:MAX_LISTED])
-        listing = ", ".join(shown) + (f" +{len(texts) - len(shown)} more" if len(texts) > len(shown) else "")
-    else:
-        listing = "(none)"
-    parts = [f"entities: {listing}"]
+    tail = []
     if not texts and language:
-        parts.append(f"prompt not English ({language}): extraction is English-only")
+        tail.append(f"prompt not English ({language}): extraction is English-only")
     if cut:
-        parts.append(f"from the {cut[0]} of {cut[1]} words the encoder reads")
-    return one_line(SEP.join(parts))
+        tail.append(f"from the {cut[0]} of {cut[1]} words the encoder reads")
+    suffix = "".join(SEP + t for t in tail)
+    shown: list[str] = []
+    for i, text in enumerate(texts[:MAX_LISTED]):
+        label = _short(text)
+        rest = len(texts) - i - 1
+        line = f"entities: {', '.join([*shown, label])}{f' +{rest} more' if rest else ''}{suffix}"
+        if shown and len(line) > MAX_STATUS:
+            break
+        shown.append(label)
+    more = len(texts) - len(shown)
+    listing = (", ".join(shown) + (f" +{more} more" if more else "")) if texts else "(none)"
+    return one_line(f"entities: {listing}{suffix}")
 
 
 def entities_report(texts: list[str] | tuple[str, ...], cut: tuple[int, int] | None = None,

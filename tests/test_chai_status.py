@@ -68,6 +68,9 @@ def test_entity_extract_names_a_few_entities_and_counts_the_rest():
     assert entities_status(["ball", "sunny beach"]) == "entities: ball, sunny beach"
     assert entities_status(["ball"], cut=(20, 5000)) == "entities: ball · from the 20 of 5000 words the encoder reads"
     assert entities_report(many).count("entity ") == 40  # the report box lists them all
+    # Long entities: as many as fit the line, and the count of the rest is never cut off.
+    long = entities_status([f"very long entity phrase number {i}" for i in range(9)])
+    assert long.endswith(" more") and len(long) <= MAX_STATUS and "number 0" in long, long
     assert "reads the first 20 of the prompt's 5000 words" in entities_report(["ball"], (20, 5000))
 
 
