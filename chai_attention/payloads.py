@@ -61,6 +61,7 @@ class PromptEntities:
     prompt: str
     entities: tuple[Any, ...]  # cache_store.entities.extract.Entity
     embedder: Any = None  # cache_store.entities.embedders.Embedder or None (= the cache's)
+    language: str | None = None  # the code of the other language the prompt is in ('de'), None for English
     _memo: dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 

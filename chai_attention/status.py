@@ -12,11 +12,58 @@ from .payloads import CacheHit, ChaiReport
 
 SEP = " · "
 MAX_LABEL = 40
+MAX_STATUS = 90  # a status is one short line on the node, never wrapping into its report box
+MAX_LISTED = 6  # entities named in Entity Extract's status (the rest counted)
 
 
 def _short(text: str, limit: int = MAX_LABEL) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(status: str, limit: int = MAX_STATUS) -> str:
+    """The status as one line of at most `limit` characters (whitespace collapsed, cut with '...')."""
+    return _short(status, limit)
+
+
+def entities_status(texts: list[str] | tuple[str, ...], language: str | None = None,
+                    cut: tuple[int, int] | None = None) -> str:
+    """'entities: ball, sunny beach' (as many as fit one line, at most MAX_LISTED, then '+N more'), or why
+    there are none.
+
+    `language`: the name of the other language the prompt is in; `cut`: (words kept, words in the prompt) when
+    the text encoder reads only the start of the prompt and the entities come from that start.
+    """
+    tail = []
+    if not texts and language:
+        tail.append(f"prompt not English ({language}): extraction is English-only")
+    if cut:
+        tail.append(f"from the {cut[0]} of {cut[1]} words the encoder reads")
+    suffix = "".join(SEP + t for t in tail)
+    shown: list[str] = []
+    for i, text in enumerate(texts[:MAX_LISTED]):
+        label = _short(text)
+        rest = len(texts) - i - 1
+        line = f"entities: {', '.join([*shown, label])}{f' +{rest} more' if rest else ''}{suffix}"
+        if shown and len(line) > MAX_STATUS:
+            break
+        shown.append(label)
+    more = len(texts) - len(shown)
+    listing = (", ".join(shown) + (f" +{more} more" if more else "")) if texts else "(none)"
+    return one_line(f"entities: {listing}{suffix}")
+
+
+def entities_report(texts: list[str] | tuple[str, ...], cut: tuple[int, int] | None = None,
+                    language_note: str = "") -> str:
+    """Entity Extract's report: every entity, where they come from when the encoder reads only part of the
+    prompt, and why there are none for a prompt in another language."""
+    lines = [f"entities: {', '.join(texts) or '(none)'}"]
+    if cut:
+        lines.append(f"the text encoder reads the first {cut[0]} of the prompt's {cut[1]} words; the entities come "
+                     "from those words only, as the video does")
+    if language_note and not texts:
+        lines.append(language_note)
+    return "\n".join(lines)
 
 
 def same_prompt(hit: CacheHit) -> bool:

@@ -76,9 +76,9 @@ class Apply(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, cache_steps: str | None = None, fast_steps: int | None = None) -> bool | str:
-        """Reject fast_steps out of range and cache steps that do not parse or lie outside the fast schedule."""
-        return validate_steps(cache_steps, fast_steps)
+    def validate_inputs(cls, cache_steps: str | None = None) -> bool | str:
+        """Reject cache steps that do not parse before anything runs (reported once, under cache_steps)."""
+        return validate_steps(cache_steps)
 
     @classmethod
     def execute(cls, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,

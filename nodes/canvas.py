@@ -10,6 +10,8 @@ import logging
 
 from comfy_api.latest import ui
 
+from ..chai_attention.status import one_line
+
 log = logging.getLogger(__name__)
 
 
@@ -43,6 +45,7 @@ def send_status(status: str) -> bool:
 
 
 def show(status: str, report: str | None = None) -> ui.PreviewText:
-    """Send the status and return the node's text UI output: the status line, then the report."""
+    """Send the status (cut to one short line) and return the node's text UI output: the status, then the report."""
+    status = one_line(status)
     send_status(status)
     return ui.PreviewText(status if not report else f"{status}\n{report}")

@@ -9,22 +9,25 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Any
 
 from comfy_api.latest import io
 
 from ..cache_store import CacheUnavailableError, EmbedderMismatchError, EntryTooLargeError
 from ..cache_store.entities.embedders.function import FunctionEmbedder
-from ..cache_store.entities.extract import EntityExtractor
+from ..cache_store.entities.extract import EntityExtractor, truncate_prompt
+from ..cache_store.entities.language import english_only_note, foreign_language, language_name
 from ..cache_store.service import ChaiCache, note_lookup, reader_generation
 from ..chai_attention.adapters import supported_families
 from ..chai_attention.cache_io import WriteOutcome, WriteReport, write_trace
 from ..chai_attention.comfy.lookup import chai_lookup
 from ..chai_attention.comfy.sample import chai_sample
-from ..chai_attention.comfy.text import TEXT_ENCODER_THRESHOLD, text_encoder_embedder
+from ..chai_attention.comfy.text import TEXT_ENCODER_THRESHOLD, kept_prompt, text_encoder_embedder
 from ..chai_attention.constants import WAN22_BOUNDARY
 from ..chai_attention.payloads import CacheHit, PromptEntities, SampleTrace
-from ..chai_attention.status import lookup_status, same_prompt_note, sampler_status, write_status
+from ..chai_attention.status import (entities_report, entities_status, lookup_status, same_prompt_note,
+                                     sampler_status, write_status)
 from .canvas import executing_node_id, show
 from .errors import ChaiNodeError, user_errors
 from .schedule_inputs import SAMPLERS, SCHEDULERS, chai_plan_inputs, schedule_inputs, validate_steps
@@ -90,11 +93,18 @@ class EntityExtract(io.ComfyNode):
     def execute(cls, prompt: str, clip: Any = None) -> io.NodeOutput:
         node = "CHAI Entity Extract"
         with user_errors(node):
-            entities = tuple(shared_extractor().extract(prompt or ""))
+            prompt = prompt or ""
+            # With the workflow's encoder connected, the entities come from the words it conditions on.
+            text, kept, total = kept_prompt(clip, prompt) if clip is not None else (prompt, 0, 0)
+            entities = tuple(shared_extractor().extract(text))
             embedder = text_encoder_embedder(clip, FunctionEmbedder) if clip is not None else None
-            result = PromptEntities(prompt or "", entities, embedder)
+            language = foreign_language(truncate_prompt(text)) if not entities else None
+            result = PromptEntities(prompt, entities, embedder, language=language)
         listing = result.listing()
-        return io.NodeOutput(result, listing, ui=show(f"entities: {listing}"))
+        cut = (kept, total) if kept < total else None
+        status = entities_status(result.texts, language_name(language) if language else None, cut)
+        report = entities_report(result.texts, cut, english_only_note(language) if language else "")
+        return io.NodeOutput(result, listing, ui=show(status, report))
 
 
 class CacheLookup(io.ComfyNode):
@@ -154,6 +164,9 @@ class CacheLookup(io.ComfyNode):
         with user_errors(node):
             note_lookup(f"CHAI_CacheLookup:{executing_node_id()}", cache)
             hit = chai_lookup(cache, entities, model, latent, threshold, model_2=model_2, positive=positive)
+        if not hit.hit and not hit.entities and entities.language:
+            hit = replace(hit, reason=f"not English ({language_name(entities.language)}): extraction is "
+                                      "English-only", report=f"{hit.report}\n{english_only_note(entities.language)}")
         report = format_lookup(hit)
         log.info("[CHAI] lookup: %s", hit.report)
         return io.NodeOutput(hit, report, ui=show(lookup_status(hit), report))
@@ -222,9 +235,9 @@ class Sampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, cache_steps: str | None = None, fast_steps: int | None = None) -> bool | str:
-        """Reject cache steps that do not parse or lie outside the fast schedule before anything runs."""
-        return validate_steps(cache_steps, fast_steps)
+    def validate_inputs(cls, cache_steps: str | None = None) -> bool | str:
+        """Reject cache steps that do not parse before anything runs (reported once, under cache_steps)."""
+        return validate_steps(cache_steps)
 
     @classmethod
     def execute(cls, model: Any, positive: Any, negative: Any, latent: dict, seed: int, cfg: float,

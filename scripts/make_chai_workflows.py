@@ -542,18 +542,20 @@ WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
              "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v,
              "chai_wan22_a14b_t2v": wan22_a14b_t2v, "chai_wan22_5b_i2v": wan22_5b_i2v,
              "chai_hunyuan_video_t2v": hunyuan_video_t2v, "chai_ltxv_t2v": ltxv_t2v}
-# The UI files' names. ComfyUI's template browser titles a custom node pack's template with its file name and
-# describes it with the same name ('-' and '_' shown as spaces), so the names are written to be read (no '-' or
-# '_'). The API twins and the tests keep the short keys; tests/workflows/template_files.json maps one to the other.
+# The UI files' names. ComfyUI's template browser (frontend 1.27.10) titles a custom node pack's template with its
+# file name in two lines of a 16rem card and describes it with the same name ('-' and '_' shown as spaces; the
+# frontend has no other description for a pack's template), so the names are short titles (at most
+# MAX_TEMPLATE_TITLE characters, which fit those two lines) written to be read (no '-' or '_'). The API twins and the tests keep the short keys; tests/workflows/template_files.json maps one to the other.
+MAX_TEMPLATE_TITLE = 36
 TEMPLATE_FILES = {
-    "chai_toy_t2v": "CHAI toy world, text to video on any CPU (no download)",
-    "chai_opensora_t2v": "CHAI OpenSora 1.2, text to video with Cache Attention",
-    "chai_wan21_t2v": "CHAI Wan 2.1 T2V 1.3B, text to video with Cache Attention",
-    "chai_opensora_warmup": "CHAI OpenSora 1.2, warm up a cache from a prompt list",
-    "chai_wan22_a14b_t2v": "CHAI Wan 2.2 A14B, two experts, CHAI Apply with KSamplerAdvanced",
-    "chai_wan22_5b_i2v": "CHAI Wan 2.2 TI2V 5B, image to video with CHAI Apply",
-    "chai_hunyuan_video_t2v": "CHAI HunyuanVideo, text to video with Cache Attention",
-    "chai_ltxv_t2v": "CHAI LTX Video 2B, text to video with Cache Attention",
+    "chai_toy_t2v": "CHAI toy world, any CPU, no download",
+    "chai_opensora_t2v": "CHAI OpenSora 1.2, text to video",
+    "chai_wan21_t2v": "CHAI Wan 2.1 1.3B, text to video",
+    "chai_opensora_warmup": "CHAI OpenSora 1.2, warm up a cache",
+    "chai_wan22_a14b_t2v": "CHAI Wan 2.2 A14B, two experts",
+    "chai_wan22_5b_i2v": "CHAI Wan 2.2 5B, image to video",
+    "chai_hunyuan_video_t2v": "CHAI HunyuanVideo, text to video",
+    "chai_ltxv_t2v": "CHAI LTX Video 2B, text to video",
 }
 
 

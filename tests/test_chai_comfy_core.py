@@ -296,3 +296,32 @@ def test_conditioning_digest_names_the_image_and_nothing_else():
     kept = {"samples": image, "noise_mask": torch.ones(1, 1, 2, 4, 4)}
     other = {"samples": image + 1, "noise_mask": kept["noise_mask"]}
     assert conditioning_digest([[text, {}]], kept) not in (None, conditioning_digest([[text, {}]], other))
+
+
+class _TruncatingClip:
+    """A ComfyUI-like CLIP whose tokenizer keeps the first `keep` words (word ids 1..keep; 0 = a special token)."""
+
+    def __init__(self, keep: int | None) -> None:
+        self.keep = keep
+
+    def tokenize(self, text, return_word_ids=False):
+        words = text.split()[: self.keep] if self.keep else text.split()
+        batch = [(49406, 1.0, 0)] + [(100 + i, 1.0, i + 1) for i in range(len(words))] + [(49407, 1.0, 0)]
+        return {"t5xxl": [batch]} if return_word_ids else {"t5xxl": [[t[:2] for t in batch]]}
+
+
+class _NoWordIdsClip:
+    def tokenize(self, text, **kwargs):
+        raise TypeError("tokenize() got an unexpected keyword argument 'return_word_ids'")
+
+
+def test_entities_come_from_the_words_the_text_encoder_keeps():
+    from comfyui_chai.chai_attention.comfy.text import kept_prompt
+
+    prompt = "a red ball bouncing along a city street " + " ".join(["and a sunny beach"] * 1200)
+    text, kept, total = kept_prompt(_TruncatingClip(8), prompt)
+    assert (text, kept, total) == ("a red ball bouncing along a city street", 8, 8 + 4 * 1200)
+    assert "beach" not in text
+    # An encoder that keeps every word, or cannot say what it keeps: the whole prompt.
+    assert kept_prompt(_TruncatingClip(None), prompt) == (prompt, total, total)
+    assert kept_prompt(_NoWordIdsClip(), "a dog") == ("a dog", 2, 2)

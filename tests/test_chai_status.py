@@ -49,3 +49,38 @@ def test_write_status_says_whether_anything_was_stored():
     assert refused == "not stored: too large · 0 entries"
     # A full run's line that happens to start with "fast run" is still not a fast run.
     assert write_status(WriteReport(WriteOutcome.NOT_STORED, "fast run? no"), 0) == "fast run? no · 0 entries"
+
+
+def test_a_status_is_one_short_line_however_long_what_it_says():
+    from comfyui_chai.chai_attention.status import MAX_STATUS, one_line
+
+    cut = one_line("entities: " + ", ".join(f"thing{i}" for i in range(500)) + "\nsecond line")
+    assert "\n" not in cut and len(cut) <= MAX_STATUS and cut.endswith("...")
+    assert one_line("MISS · the cache is empty") == "MISS · the cache is empty"
+
+
+def test_entity_extract_names_a_few_entities_and_counts_the_rest():
+    from comfyui_chai.chai_attention.status import MAX_STATUS, entities_report, entities_status
+
+    many = [f"entity {i}" for i in range(40)]
+    status = entities_status(many)
+    assert status.startswith("entities: entity 0, entity 1") and "+34 more" in status and len(status) <= MAX_STATUS
+    assert entities_status(["ball", "sunny beach"]) == "entities: ball, sunny beach"
+    assert entities_status(["ball"], cut=(20, 5000)) == "entities: ball · from the 20 of 5000 words the encoder reads"
+    assert entities_report(many).count("entity ") == 40  # the report box lists them all
+    # Long entities: as many as fit the line, and the count of the rest is never cut off.
+    long = entities_status([f"very long entity phrase number {i}" for i in range(9)])
+    assert long.endswith(" more") and len(long) <= MAX_STATUS and "number 0" in long, long
+    assert "reads the first 20 of the prompt's 5000 words" in entities_report(["ball"], (20, 5000))
+
+
+def test_a_prompt_in_another_language_says_extraction_is_english_only_and_what_to_do():
+    from comfyui_chai.cache_store.entities.language import english_only_note
+    from comfyui_chai.chai_attention.status import entities_report, entities_status
+
+    status = entities_status([], "German")
+    assert status == "entities: (none) · prompt not English (German): extraction is English-only"
+    note = english_only_note("de")
+    assert "English-only" in note and "German" in note and "English description" in note
+    assert entities_report([], language_note=note).split("\n")[1] == note
+    assert entities_status(["dog"], "German") == "entities: dog"  # entities found: nothing to explain

@@ -42,3 +42,10 @@ def test_template_phrases_are_masked_before_parsing(spacy_pipeline):
     texts = [e.text for e in EntityExtractor(spacy_pipeline).extract(
         "A white horse in a misty meadow, shallow depth of field, drone shot")]
     assert "field" not in texts and "drone" not in texts and "white horse" in texts
+
+
+def test_language_names_and_the_note_cover_every_detected_language():
+    from comfyui_chai.cache_store.entities.language import OTHER_LANGUAGES, english_only_note, language_name
+
+    for code in OTHER_LANGUAGES:
+        assert language_name(code) != code and language_name(code) in english_only_note(code)

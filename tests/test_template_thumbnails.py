@@ -45,6 +45,13 @@ def test_thumbnails_on_disk_are_what_the_script_draws_and_the_toy_one_is_the_toy
     assert len(np.unique(toy.reshape(-1, 3), axis=0)) > 200 and np.abs(first.astype(int) - last).mean() > 5
 
 
-def test_the_template_category_has_a_title():
+def test_the_pack_has_one_name_wherever_the_frontend_shows_it():
+    # The template browser heads the pack's list with its folder name (the repository's name, no locale key is
+    # read there); the sidebar entry (a locale key) and the Registry's DisplayName must say the same.
+    import tomllib
+
     titles = json.loads((REPO / "locales" / "en" / "main.json").read_text())["templateWorkflows"]["category"]
-    assert titles["ComfyUI-CHAI"] == titles["comfyui-chai"] == "CHAI Cache Attention"
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    folder = pyproject["project"]["urls"]["Repository"].rstrip("/").rsplit("/", 1)[-1]
+    assert folder == "ComfyUI-CHAI"
+    assert titles["ComfyUI-CHAI"] == titles["comfyui-chai"] == pyproject["tool"]["comfy"]["DisplayName"] == folder

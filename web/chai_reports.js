@@ -9,6 +9,10 @@
 // nodes at once, and when the prompt is done the stored reports of all of them are read from its history entry
 // (ComfyUI keeps every cached node's UI output there), so each cached node shows the report that belongs to
 // the output it served, under the mark, also in a page that never saw that node run.
+//
+// A run that is stopped (or fails) leaves the nodes that did not finish with the previous run's report, which
+// reads as this run's ("HIT sunny beach" under a sampler that never got there): so every CHAI node that neither
+// reported nor was served from the cache in this run is marked as not finished, its old report kept under the mark.
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { ComfyWidgets } from "../../scripts/widgets.js";
@@ -17,7 +21,10 @@ const WIDGET = "chai_report";
 const CACHED_NOTE = "(from ComfyUI's output cache: nothing ran this time; this is the last run's report)";
 const CACHED_STATUS = "cached · ";
 const CORE_STATUS_WIDGET = "$$node-text-preview"; // the core frontend's progress-text line on a node
-const run = { promptId: null, cached: new Set() };
+const UNFINISHED_STATUS = { interrupted: "interrupted · this node did not finish in the last run",
+                            failed: "not run · the last run failed before this node finished" };
+const UNFINISHED_NOTE = "(an earlier run's report, not the last run's: the last run stopped before this node finished)";
+const run = { promptId: null, cached: new Set(), reported: new Set() };
 
 function graphNode(id) {
   // Node ids arrive as strings; the graph keys its nodes by number.
@@ -59,6 +66,24 @@ function markCached(node) {
   }
 }
 
+function markUnfinished(kind) {
+  // Every CHAI node of the graph that neither reported in this run nor was served from the cache.
+  const marks = Object.values(UNFINISHED_STATUS);
+  for (const node of app.graph?._nodes ?? []) {
+    const id = String(node.id);
+    if (!isChai(node) || run.reported.has(id) || run.cached.has(id)) continue;
+    const widget = node.widgets?.find((w) => w.name === WIDGET);
+    if (widget && typeof widget.value === "string" && widget.value) {
+      let body = widget.value;
+      if (marks.some((mark) => body.startsWith(mark))) body = body.split("\n").slice(2).join("\n"); // marked before
+      widget.value = `${UNFINISHED_STATUS[kind]}\n${UNFINISHED_NOTE}\n${body}`;
+    }
+    const status = node.widgets?.find((w) => w.name === CORE_STATUS_WIDGET);
+    if (status && typeof status.value === "string" && status.value) status.value = UNFINISHED_STATUS[kind];
+    node.setDirtyCanvas?.(true, true);
+  }
+}
+
 function reportText(output) {
   const text = output?.text;
   if (!text || !text.length) return null;
@@ -83,7 +108,10 @@ app.registerExtension({
     api.addEventListener("execution_start", ({ detail }) => {
       run.promptId = detail?.prompt_id ?? null;
       run.cached = new Set();
+      run.reported = new Set();
     });
+    api.addEventListener("execution_interrupted", () => markUnfinished("interrupted"));
+    api.addEventListener("execution_error", () => markUnfinished("failed"));
     api.addEventListener("execution_cached", ({ detail }) => {
       for (const id of detail?.nodes ?? []) {
         run.cached.add(String(id));
@@ -104,6 +132,7 @@ app.registerExtension({
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
+      run.reported.add(String(this.id));
       const body = reportText(message);
       if (body) showReport(this, body, run.cached.has(String(this.id)));
     };

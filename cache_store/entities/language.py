@@ -7,6 +7,7 @@ from functools import lru_cache
 
 # Languages whose function words are told apart from English ones (their stop lists ship with spaCy).
 OTHER_LANGUAGES = ("de", "es", "fr", "it", "nl", "pt")
+LANGUAGE_NAMES = {"de": "German", "es": "Spanish", "fr": "French", "it": "Italian", "nl": "Dutch", "pt": "Portuguese"}
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
 
 
@@ -42,4 +43,17 @@ def foreign_language(text: str) -> str | None:
     return best if count >= 2 and count >= n_english else None
 
 
-__all__ = ["OTHER_LANGUAGES", "foreign_language"]
+def language_name(code: str) -> str:
+    """'German' for 'de'; the code itself for a language without a name here."""
+    return LANGUAGE_NAMES.get(code, code)
+
+
+def english_only_note(code: str) -> str:
+    """What a user reads when a prompt in another language has no entities: why, and what to do."""
+    return (f"entity extraction is English-only: this prompt looks {language_name(code)}, so it has no entities, "
+            "every lookup misses and nothing is stored for it. To use the cache, give CHAI Entity Extract an "
+            "English description of the same video (its prompt input can be a separate English text; the text "
+            "encoder keeps yours).")
+
+
+__all__ = ["LANGUAGE_NAMES", "OTHER_LANGUAGES", "english_only_note", "foreign_language", "language_name"]

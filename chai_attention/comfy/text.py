@@ -40,6 +40,29 @@ def _phrase_vector(clip: Any, phrase: str) -> Tensor:
     return cond.mean(0).cpu()
 
 
+def _word_ids(tokens: Any) -> list[int]:
+    """The word ids of a ComfyUI tokenize(..., return_word_ids=True) result ({name: [[(token, weight, id)]]})."""
+    ids: list[int] = []
+    for batches in (tokens.values() if isinstance(tokens, dict) else [tokens]):
+        for batch in batches:
+            ids.extend(int(t[2]) for t in batch if isinstance(t, (tuple, list)) and len(t) > 2)
+    return ids
+
+
+def kept_prompt(clip: Any, prompt: str) -> tuple[str, int, int]:
+    """(the start of `prompt` the encoder conditions on, words kept, words in the prompt): asked of the CLIP's
+    tokenizer (the highest word id it returns); the whole prompt when it keeps every word or cannot say."""
+    words = prompt.split()
+    try:
+        ids = _word_ids(clip.tokenize(prompt, return_word_ids=True))
+    except Exception:  # a tokenizer without word ids: it cannot say what it keeps
+        return prompt, len(words), len(words)
+    kept = max(ids, default=0)
+    if not ids or kept <= 0 or kept >= len(words):
+        return prompt, len(words), len(words)
+    return " ".join(words[:kept]), kept, len(words)
+
+
 def text_encoder_name(clip: Any) -> str:
     """Embedder name for a ComfyUI CLIP: its encoder class and a digest of its original weights and patches, so
     a cache never mixes vectors of two encoders (or of one encoder with and without a LoRA)."""
@@ -65,4 +88,4 @@ def text_encoder_embedder(clip: Any, make_embedder: EmbedderFactory) -> Any:
     return embedder
 
 
-__all__ = ["TEXT_ENCODER_THRESHOLD", "text_encoder_name", "encode_phrases", "text_encoder_embedder"]
+__all__ = ["TEXT_ENCODER_THRESHOLD", "encode_phrases", "kept_prompt", "text_encoder_embedder", "text_encoder_name"]

@@ -202,3 +202,82 @@ def test_every_shipped_workflow_loads_with_every_node_resolved_and_converts_to_i
             assert [t for _, t, registered in page.evaluate(load, workflow) if not registered] == ["CHAI_NoSuchNode"]
         finally:
             browser.close()
+
+
+def _toy_workflow(cache: str) -> tuple[dict, dict]:
+    """The shipped toy workflow with a fixed seed and a cache of its own; and its node ids by type."""
+    workflow = json.loads((REPO / "workflows" / f"{TEMPLATE_FILES['chai_toy_t2v']}.json").read_text())
+    next(n for n in workflow["nodes"] if n["type"] == "CHAI_Sampler")["widgets_values"][1] = "fixed"
+    next(n for n in workflow["nodes"] if n["type"] == "CHAI_CacheOpen")["widgets_values"][0] = cache
+    return workflow, {n["type"]: n["id"] for n in workflow["nodes"]}
+
+
+def _set_widget(page, node_id: int, name: str, value) -> None:
+    page.evaluate("([id, name, value]) => { app.graph.getNodeById(id).widgets.find((w) => w.name === name)"
+                  ".value = value; }", [node_id, name, value])
+
+
+def test_a_stopped_run_marks_the_nodes_that_did_not_finish_instead_of_showing_the_last_reports(comfy_server,
+                                                                                                tmp_path):
+    workflow, ids = _toy_workflow(f"browser-stop-{uuid.uuid4().hex[:8]}")
+    lookup, sampler, write = (ids[k] for k in ("CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite"))
+    prompt = next(n["id"] for n in workflow["nodes"] if n["type"] == "PrimitiveStringMultiline")
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = _open(browser, comfy_server.url, workflow)
+            with _screenshot_on_failure(page, tmp_path / "browser_failure_stop.png"):
+                _queue_and_wait(page)  # a miss that stores the beach
+                _wait_for(page, write, "stored · 1 entries", start=True)
+                _queue_and_wait(page)  # a hit on it
+                _wait_for(page, sampler, "HIT ", start=True)
+                assert _widget(page, write).startswith("nothing stored (fast run)")
+                # Another scene (a miss, so the sampler runs its full schedule, made long), stopped as the
+                # sampler starts: the lookup reports its new miss, the sampler and the write never finish.
+                _set_widget(page, prompt, "value", "a blue kite flying up over a snowy field")
+                _set_widget(page, sampler, "full_steps", 1000)
+                page.evaluate("() => { const api = window.comfyAPI.api.api; window.__chaiStopped = false; "
+                              f"const stop = ({{ detail }}) => {{ if (String(detail) === '{sampler}') {{ "
+                              "api.removeEventListener('executing', stop); api.interrupt(); } }; "
+                              "api.addEventListener('executing', stop); "
+                              "api.addEventListener('execution_interrupted', () => { window.__chaiStopped = true; "
+                              "}); return app.queuePrompt(0); }")
+                page.wait_for_function("() => window.__chaiStopped", timeout=TIMEOUT_S * 1000)
+                assert _wait_for(page, lookup, "MISS ", start=True)
+                for node in (sampler, write):
+                    shown = _wait_for(page, node, "interrupted · this node did not finish", start=True)
+                    assert "an earlier run's report, not the last run's" in shown.split("\n")[1], shown
+                    assert _status(page, node) == "interrupted · this node did not finish in the last run"
+                    assert _shown(page, node) == shown
+                # The next complete run shows its own reports again, unmarked.
+                _set_widget(page, sampler, "full_steps", 30)
+                _queue_and_wait(page)
+                assert _wait_for(page, sampler, "MISS · 30 steps", start=True)
+                assert _wait_for(page, write, "stored · 2 entries", start=True)
+        finally:
+            browser.close()
+
+
+def test_the_template_browser_shows_whole_titles_under_the_packs_one_name(comfy_server, tmp_path):
+    with playwright_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            _ready(page, comfy_server.url)
+            with _screenshot_on_failure(page, tmp_path / "browser_failure_templates.png"):
+                page.evaluate("() => app.extensionManager.command.execute('Comfy.BrowseTemplates')")
+                # The sidebar entry of the pack (its locale title), then the header of its list.
+                entry = page.get_by_text("ComfyUI-CHAI", exact=True).first
+                entry.wait_for(timeout=TIMEOUT_S * 1000)
+                entry.click()
+                cards = page.locator("[data-testid^='template-workflow-']")
+                cards.first.wait_for(timeout=TIMEOUT_S * 1000)
+                header = page.evaluate("() => [...document.querySelectorAll('h2')].map((h) => h.textContent.trim())")
+                assert "ComfyUI-CHAI" in header, header
+                titles = page.evaluate(
+                    "() => [...document.querySelectorAll(\"[data-testid^='template-workflow-'] h3\")].map((h) => "
+                    "[h.textContent.trim(), h.scrollHeight <= h.clientHeight + 1])")
+                assert sorted(t for t, _ in titles) == sorted(TEMPLATE_FILES.values()), titles
+                assert [t for t, whole in titles if not whole] == [], titles
+        finally:
+            browser.close()

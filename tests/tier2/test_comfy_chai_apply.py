@@ -171,17 +171,23 @@ def test_apply_nodes_appear_with_tooltips_and_their_sockets(comfy, env):
     assert list(trace.INPUT_TYPES()["required"]) == ["chai", "samples"]
 
 
-@pytest.mark.parametrize("fast, cache_steps, message", [(0, "2", "fast_steps must be 1..1000, got 0"),
-                                                         (5000, "2", "fast_steps must be 1..1000, got 5000"),
-                                                         (8, "2,9", "cache steps [9] lie beyond the 8 fast steps")])
-def test_fast_steps_out_of_range_and_late_cache_steps_are_refused_before_running(comfy, env, fast, cache_steps,
-                                                                               message):
-    # ComfyUI skips the min/max check of an input that validate_inputs reads, so CHAI Apply checks fast_steps too.
+@pytest.mark.parametrize("fast, cache_steps, kind", [(0, "2", "value_smaller_than_min"),
+                                                      (5000, "2", "value_bigger_than_max")])
+def test_fast_steps_out_of_range_are_refused_before_running_once(comfy, env, fast, cache_steps, kind):
+    # CHAI Apply's validate_inputs reads cache_steps only, so ComfyUI's own range check reports fast_steps, once.
     graph = ksampler_advanced(base_graph("t2-apply-bad", DOG_BEACH, "bad"))
     graph["apply"]["inputs"].update(fast_steps=fast, cache_steps=cache_steps)
     result = comfy.run(graph)
-    errors = result.node_errors["apply"]["errors"]
-    assert not result.valid and errors and all(message in e["details"] for e in errors), errors
+    (error,) = result.node_errors["apply"]["errors"]
+    assert not result.valid and error["type"] == kind and error["extra_info"]["input_name"] == "fast_steps", error
+
+
+def test_late_cache_steps_stop_the_run_with_one_message(comfy, env):
+    graph = ksampler_advanced(base_graph("t2-apply-late", DOG_BEACH, "late"))
+    graph["apply"]["inputs"].update(fast_steps=8, cache_steps="2,9")
+    result = comfy.run(graph)
+    assert result.valid and not result.success and result.error["node_id"] == "apply"
+    assert result.error["exception_message"].count("cache steps [9] lie beyond the 8 fast steps") == 1
 
 
 def test_ksampler_advanced_miss_then_hit(comfy, env):

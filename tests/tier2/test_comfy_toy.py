@@ -367,3 +367,27 @@ def test_the_same_prompt_queued_again_hits_its_own_entry_and_then_comes_from_com
     third = run_ok(comfy, api)
     (cached,) = third.events("execution_cached")
     assert sampler in cached["nodes"], cached
+
+
+def test_a_prompt_in_another_language_says_on_the_nodes_that_extraction_is_english_only(comfy, env, statuses):
+    api, ids = _workflow(f"toyworld-lang-{uuid.uuid4().hex[:8]}", "ein roter Ball springt über einen sonnigen Strand")
+    result = run_ok(comfy, api)
+    extract, lookup = ids["CHAI_EntityExtract"], ids["CHAI_CacheLookup"]
+    assert statuses.of(extract) == ["entities: (none) · prompt not English (German): extraction is English-only"]
+    assert "English description" in _ui_text(result, extract)
+    (status,) = statuses.of(lookup)
+    assert status == "MISS · not English (German): extraction is English-only", status
+    assert "entity extraction is English-only" in _ui_text(result, lookup)
+
+
+def test_a_long_prompt_gives_a_one_line_status_and_every_entity_in_the_box(comfy, env, statuses):
+    from comfyui_chai.chai_attention.status import MAX_STATUS
+
+    words = " ".join(f"a {c} {o} near a {s}" for c in ("red", "blue", "green") for o in ("ball", "kite", "car")
+                     for s in ("tree", "house", "river", "bridge", "tower"))
+    api, ids = _workflow(f"toyworld-long-{uuid.uuid4().hex[:8]}", words)
+    result = run_ok(comfy, api)
+    (status,) = statuses.of(ids["CHAI_EntityExtract"])
+    assert len(status) <= MAX_STATUS and "\n" not in status and " more" in status, status
+    box = _ui_text(result, ids["CHAI_EntityExtract"])
+    assert box.split("\n")[0] == status and "tower" in box.split("\n")[1]

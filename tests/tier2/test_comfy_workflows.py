@@ -124,4 +124,4 @@ def test_template_browser_finds_a_thumbnail_per_workflow_and_the_category_title(
             fetch(f"/api/workflow_templates/ComfyUI-CHAI/{quote(TEMPLATE_FILES[name])}.jpg"))
         assert (status, kind) == (200, "image/jpeg") and size > 10_000, (name, status, kind)
     titles = CustomNodeManager().build_translations()["en"]["templateWorkflows"]["category"]
-    assert titles["ComfyUI-CHAI"] == "CHAI Cache Attention"
+    assert titles["ComfyUI-CHAI"] == "ComfyUI-CHAI"
