@@ -10,8 +10,8 @@ from .index_sync import LogHead
 from .pg_db import PgDb
 from .types import EntryInfo
 
-_HEAD = ("SELECT generation, index_epoch, dim, embedder, (SELECT MIN(seq) FROM index_log), log_seq "
-         "FROM state WHERE id = 1")
+_HEAD = ("SELECT generation, index_epoch, dim, embedder, (SELECT MIN(seq) FROM index_log), log_seq, "
+         "(SELECT mark FROM index_log WHERE seq = state.log_seq) FROM state WHERE id = 1")
 # An entry row with its entity phrases (sorted, as the folder backend lists them).
 ENTRY_SQL = ("SELECT e.id, e.prompt, e.fingerprint, e.shape, e.dtype, e.nbytes, e.sigmas, e.tensors, e.created, "
              "e.last_used, e.hits, ARRAY(SELECT n.text FROM postings p JOIN entities n ON n.id = p.entity_id "
@@ -33,9 +33,9 @@ def entry_from_row(row: Sequence[Any]) -> EntryInfo | None:
 
 
 def _head(row: Sequence[Any]) -> LogHead:
-    generation, epoch, dim, embedder, first, last = row
+    generation, epoch, dim, embedder, first, last, mark = row
     return LogHead(int(generation), int(epoch), int(dim) if dim and int(dim) > 0 else None, embedder,
-                   None if first is None else int(first), int(last))
+                   None if first is None else int(first), int(last), mark)
 
 
 class PgChangeLog:
@@ -56,6 +56,11 @@ class PgChangeLog:
             head = _head(cur.fetchone())
             cur.execute("SELECT seq, entity_id, op FROM index_log WHERE seq > %s ORDER BY seq", (since,))
             return head, [(int(s), int(e), str(o)) for s, e, o in cur.fetchall()]
+
+    def mark_at(self, seq: int) -> str | None:
+        """The mark of the log row at `seq` (None: no such row, or seq 0)."""
+        rows = self.db.query("SELECT mark FROM index_log WHERE seq = ?", (int(seq),)) if seq > 0 else []
+        return str(rows[0][0]) if rows else None
 
     def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         dim = self.head().dim or 0
