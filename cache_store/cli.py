@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .cli_checks import READ_ONLY, check_folder_cache, check_server_cache, printable
 from .config import StoreConfig, budget_from_gb
 from .errors import CacheError
+from .lock_file import fix_lock_file
 from .maintenance import verify_folder
 from .naming import cache_dir
 from .service import default_root
@@ -40,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="set the cache's budget to this many GB first (it stays); default: keep the cache's own")
     cl = sub.add_parser("clear", help="delete every entry")
     cl.add_argument("--yes", action="store_true", help="confirm")
-    sub.add_parser("verify", help="check manifest, every latent file and the index; read-only, changes nothing")
+    sub.add_parser("verify", help="check manifest, every latent file and the index; read-only, changes nothing; "
+                                  "exit status 1 when it lists problems")
     sub.add_parser("repair", help="verify, then fix and report each action (rebuild a damaged manifest, drop "
                                   "entries whose files are bad, adopt or quarantine stray files, rebuild the index)")
     return p
@@ -61,28 +64,47 @@ def open_store(args: argparse.Namespace, server: ServerURL | None) -> Any:
     return PgCacheStore(server, args.name, StoreConfig(), index_root=args.root or default_root())
 
 
+class Outcome(str):
+    """A report and the exit status it calls for (1: verify listed problems)."""
+
+    status = 0
+
+
+def _problems(report: Any) -> Outcome:
+    out = Outcome(report.report())
+    out.status = 1 if report.problems else 0
+    return out
+
+
 def run(args: argparse.Namespace) -> str:
-    """Execute one command and return its report."""
+    """Execute one command and return its report (an Outcome with its exit status for verify)."""
     server = _server(args)
-    if args.command == "verify":  # read-only: never opens the store (opening adopts and quarantines files)
-        if server is None:
-            return verify_folder(cache_dir(args.root or default_root(), args.name)).report()
+    if server is None and args.command in READ_ONLY:  # opening would create the typo'd cache
+        check_folder_cache(args.root or default_root(), args.name)
+    if server is not None and args.command in READ_ONLY:
         from .pg_db import PgDb
         from .pg_maintenance import verify
         from .pg_schema import schema_name
 
         db = PgDb(server, schema_name(args.name))
         try:
-            return verify(db, args.name).report()
+            check_server_cache(db, args.name)
+            if args.command == "verify":  # read-only: a snapshot, nothing created or changed
+                return _problems(verify(db, args.name))
         finally:
             db.close()
+    if args.command == "verify":  # read-only: never opens the store (opening adopts and quarantines files)
+        return _problems(verify_folder(cache_dir(args.root or default_root(), args.name)))
+    fixed = fix_lock_file(cache_dir(args.root or default_root(), args.name)) \
+        if server is None and args.command == "repair" else None
     with open_store(args, server) as store:
         if args.command == "stats":
             return store.stats().report()
         if args.command == "list":
             lines = [f"{'id':>6} {'MB':>7} {'hits':>5}  entities | prompt"]
             for e in store.entries(args.limit):
-                lines.append(f"{e.id:>6} {e.nbytes / 1e6:7.2f} {e.hits:>5}  {', '.join(e.entities)} | {e.prompt}")
+                lines.append(f"{e.id:>6} {e.nbytes / 1e6:7.2f} {e.hits:>5}  {printable(', '.join(e.entities))} | "
+                             f"{printable(e.prompt)}")
             return "\n".join(lines)
         if args.command == "prune":
             budget = budget_from_gb(args.budget_gb) if args.budget_gb is not None else None
@@ -92,18 +114,22 @@ def run(args: argparse.Namespace) -> str:
             if not args.yes:
                 raise CacheError("clear deletes every entry of the cache: add --yes to confirm")
             return f"removed {store.clear()} entries"
-        return store.repair().report()
+        report = store.repair()
+        if fixed:
+            report.repaired.insert(0, fixed)
+        return report.report()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; errors become one line on stderr and exit status 2."""
     args = build_parser().parse_args(argv)
     try:
-        print(run(args))
+        out = run(args)
+        print(out)
     except (CacheError, ValueError, OSError, sqlite3.Error) as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug, still one line: the cache folder is never left half-changed by the CLI
         print(f"error: unexpected {type(exc).__name__}: {redact(str(exc))} (please report this)", file=sys.stderr)
         return 3
-    return 0
+    return getattr(out, "status", 0)

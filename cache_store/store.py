@@ -22,6 +22,7 @@ from .config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, POLICIES, StoreConfig
 from .errors import CacheEntryError, CacheError, EmbedderMismatchError, InvalidEntryError
 from .index_sync import IndexKeeper
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
+from .lock_file import check_lock_file
 from .manifest import Manifest
 from .naming import is_entry_file_name
 from .prepare import NothingToStoreError, check_fits, prepare_entry  # noqa: F401  (NothingToStoreError: re-exported)
@@ -49,6 +50,7 @@ class CacheStore(StoredSettings):
         self.index_dir = self.root / INDEX_DIR
         self.latent_dir.mkdir(parents=True, exist_ok=True)
         self.index_dir.mkdir(exist_ok=True)
+        check_lock_file(self.root)
         self._writer = FileLock(str(self.root / LOCK_NAME), timeout=lock_timeout)
         self._warned_touch = False
         with self._writer:
