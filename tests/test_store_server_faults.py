@@ -2,21 +2,16 @@
 frozen server turns into misses within the configured timeout instead of blocking a lookup."""
 from __future__ import annotations
 
-import os
-import signal
 import time
 import uuid
 
 import pytest
 
-from comfyui_chai.cache_store.config import StoreConfig
-from comfyui_chai.cache_store.pg_store import PgCacheStore
 from comfyui_chai.cache_store.server_url import ServerURL
 from comfyui_chai.cache_store.service import ChaiCache
+from pg_faults import FP, SHAPE, THR, frozen, pg_worker, restore, restored_under_a_worker, served, snapshot
 from pg_server import CHAI_PASSWORD, PgServer, find_binaries
 from store_helpers import SIGMAS, ents, latents
-
-FP, SHAPE, THR = "model-a", (1, 4, 2, 4, 4), 0.8
 
 
 @pytest.fixture
@@ -24,57 +19,27 @@ def url(pg_server) -> ServerURL:
     return ServerURL(pg_server.url("chai", password=CHAI_PASSWORD), "CHAI_CACHE_URL")
 
 
-def _worker(url: ServerURL, name: str, root, **config) -> PgCacheStore:
-    return PgCacheStore(url, name, StoreConfig(10**9, **config), index_root=root)
-
-
-def snapshot(server: PgServer, schema: str) -> str:
-    """The schema as pg_dump writes it (what a backup holds)."""
-    return server._run("pg_dump", "-h", str(server.socket_dir), "-p", str(server.port), "-U", "postgres",
-                       "-d", "chai", "-n", schema)
-
-
-def restore(server: PgServer, schema: str, dump: str) -> None:
-    """Replace the schema by the snapshot, as an administrator restoring a backup does."""
-    path = server.base / f"restore-{uuid.uuid4().hex[:6]}.sql"
-    path.write_text(dump)
-    path.chmod(0o644)
-    server.admin_sql(f'DROP SCHEMA "{schema}" CASCADE', database="chai")
-    server._run("psql", "-h", str(server.socket_dir), "-p", str(server.port), "-U", "postgres", "-d", "chai",
-                "-v", "ON_ERROR_STOP=1", "-q", "-f", str(path))
-    path.unlink()
-
-
-def _served(store: PgCacheStore, subject: str) -> str | None:
-    res = store.lookup(ents(subject), FP, SHAPE, THR)
-    return res.entry.prompt if res.hit else None
-
-
 @pytest.mark.parametrize("reopen", [False, True])
 def test_a_restored_schema_never_makes_a_worker_serve_another_subjects_entry(pg_server, url, tmp_path, reopen):
-    name, root = "r" + uuid.uuid4().hex[:10], tmp_path / "worker"
-    live = _worker(url, name, root)
-    for i in range(5):
-        live.insert(f"plant{i} in a scene", ents(f"plant{i}"), FP, latents(i), SIGMAS)
-    dump = snapshot(pg_server, live.schema)
-    for i in range(10, 15):  # after the backup: the live worker's index learns these entity ids
-        live.insert(f"vehicle{i} in a scene", ents(f"vehicle{i}"), FP, latents(i), SIGMAS)
-    assert _served(live, "vehicle12") == "vehicle12 in a scene"
-    restore(pg_server, live.schema, dump)
-    if reopen:
-        live.close()
-    # another worker writes to the restored cache: the server hands out the same entity ids again
-    with _worker(url, name, tmp_path / "other") as other:
-        for i in range(20, 25):
-            other.insert(f"animal{i} in a scene", ents(f"animal{i}"), FP, latents(i), SIGMAS)
-    if reopen:
-        live = _worker(url, name, root)  # its saved index is the stale one
-    for i in range(10, 15):  # gone with the restore: a miss, never the entry that now holds the id
-        assert _served(live, f"vehicle{i}") is None
-    for i in list(range(5)) + list(range(20, 25)):
-        subject = f"plant{i}" if i < 5 else f"animal{i}"
-        assert _served(live, subject) == f"{subject} in a scene"
-    live.close()
+    """Before the fix a live worker served 'vehicle5' with entry 'animal10 in a scene' (the entity id it knew
+    for vehicle5 was handed to animal10 after the restore); reopened, it loaded the same stale index."""
+    out = restored_under_a_worker(pg_server, url, tmp_path, reopen)
+    assert out == {"asked": 15, "right": 15, "wrong": 0, "missed": 0}
+
+
+def test_a_fresh_worker_and_the_restored_schema_agree_after_the_rebuild(pg_server, url, tmp_path):
+    name = "r" + uuid.uuid4().hex[:10]
+    with pg_worker(url, name, tmp_path / "a") as live:
+        live.insert("plant0 in a scene", ents("plant0"), FP, latents(0), SIGMAS)
+        dump = snapshot(pg_server, live.schema)
+        live.insert("vehicle1 in a scene", ents("vehicle1"), FP, latents(1), SIGMAS)
+        seq = live.keeper.seq
+        restore(pg_server, live.schema, dump)
+        assert served(live, "vehicle1") is None and live.keeper.seq < seq  # rebuilt at the restored position
+        live.insert("animal2 in a scene", ents("animal2"), FP, latents(2), SIGMAS)
+        with pg_worker(url, name, tmp_path / "b") as fresh:
+            for subject in ("plant0", "animal2"):
+                assert served(fresh, subject) == served(live, subject) == f"{subject} in a scene"
 
 
 # ------------------------------------------------------------------------------------------ a frozen server
@@ -87,22 +52,12 @@ def own_server():
     server.destroy()
 
 
-def _server_pids(server: PgServer) -> list[int]:
-    """The postmaster and every backend of this server (SIGSTOP freezes all, as a hung machine would)."""
-    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
-    children = [int(p) for p in os.popen(f"pgrep -P {postmaster}").read().split()]
-    return [postmaster] + children
-
-
 def test_a_frozen_server_is_a_miss_within_the_timeout_not_a_hang(own_server, tmp_path):
     url = ServerURL(own_server.url("chai", password=CHAI_PASSWORD), "CHAI_CACHE_URL")
     cache = ChaiCache(tmp_path, server=url, name="frozen", server_timeout_s=2.0)
     assert cache.write("a dog", ents("dog"), FP, latents(1), SIGMAS).stored
     assert cache.lookup(ents("dog"), FP, SHAPE, THR).hit
-    pids = _server_pids(own_server)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with frozen(own_server):
         start = time.monotonic()
         miss = cache.lookup(ents("dog"), FP, SHAPE, THR)
         took = time.monotonic() - start
@@ -112,8 +67,5 @@ def test_a_frozen_server_is_a_miss_within_the_timeout_not_a_hang(own_server, tmp
         written = cache.write("a cat", ents("cat"), FP, latents(2), SIGMAS)
         assert not written.stored and "did not answer" in written.reason, written.reason
         assert time.monotonic() - start < 12
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
     assert cache.lookup(ents("dog"), FP, SHAPE, THR).hit  # the server answers again: the cache works again
     cache.close()
