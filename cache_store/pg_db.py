@@ -139,22 +139,32 @@ class PgDb:
         for key, value in timeout_settings(timeout_s).items():
             conn.execute(f"SET {key} = {value}")
 
+    def _timed_out(self, exc: BaseException) -> bool:
+        """True when the deadline cut the call, or the server gave up on a statement or lock wait itself."""
+        errors = self.psycopg.errors
+        return self._deadline.fired or (self.timeout_s is not None and isinstance(
+            exc, (errors.QueryCanceled, errors.LockNotAvailable)))
+
     @contextlib.contextmanager
-    def unbounded(self) -> Iterator[None]:
-        """No time limit inside (maintenance that reads every blob may take minutes); this thread only."""
+    def limited(self, timeout_s: float | None) -> Iterator[None]:
+        """Another time limit inside (None: none), for calls known to take long; other threads wait."""
         with self._lock:
-            saved, self.timeout_s = self.timeout_s, None
+            saved, self.timeout_s = self.timeout_s, timeout_s
             try:
-                if saved is not None and self._conn is not None:
-                    self._set_timeouts(self.connection(), None)
+                if saved != timeout_s and self._conn is not None:
+                    self._set_timeouts(self.connection(), timeout_s)
                 yield
             finally:
                 self.timeout_s = saved
-                if saved is not None and self._conn is not None:
+                if saved != timeout_s and self._conn is not None:
                     try:
                         self._set_timeouts(self._conn, saved)
                     except self.psycopg.Error:
                         self._drop()
+
+    def unbounded(self) -> contextlib.AbstractContextManager[None]:
+        """No time limit inside: maintenance that reads every blob may take minutes."""
+        return self.limited(None)
 
     def ping(self) -> None:
         """Make sure the connection works before a write (a stale one after a server restart is replaced)."""
@@ -168,7 +178,7 @@ class PgDb:
                     return
                 except (pg.OperationalError, pg.InterfaceError) as exc:
                     self._drop()
-                    if self._deadline.fired:
+                    if self._timed_out(exc):
                         raise self.timed_out() from None
                     if attempt:
                         raise self.unavailable(exc) from None
@@ -215,7 +225,7 @@ class PgDb:
                         return conn.cursor(binary=binary).execute(text, list(params)).fetchall()
                 except (pg.OperationalError, pg.InterfaceError) as exc:
                     self._drop()
-                    if self._deadline.fired:
+                    if self._timed_out(exc):
                         raise self.timed_out() from None
                     if attempt:
                         raise self.unavailable(exc) from None

@@ -7,6 +7,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .index_sync import LogHead
+
+FULL_READ_MIN_S, FULL_READ_FACTOR = 60.0, 12  # the time limit of reading every entity vector
 from .pg_db import PgDb
 from .types import EntryInfo
 
@@ -64,7 +66,10 @@ class PgChangeLog:
 
     def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         dim = self.head().dim or 0
-        with self.db.transaction(readonly=True, binary=True) as cur:
+        limit = self.db.timeout_s
+        if ids is None and limit is not None:  # every vector (a rebuild): 100,000 of them are 150 MB
+            limit = max(FULL_READ_MIN_S, FULL_READ_FACTOR * limit)
+        with self.db.limited(limit), self.db.transaction(readonly=True, binary=True) as cur:
             if ids is None:
                 cur.execute("SELECT id, vector FROM entities ORDER BY id")
             else:
