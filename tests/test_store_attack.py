@@ -173,6 +173,12 @@ def test_a_password_with_an_invalid_escape_never_shows(tmp_path, monkeypatch):
     parsed = ServerURL(url, "CHAI_CACHE_URL")
     for secret in (BAD_ESCAPE, "s3cr", "zzet"):
         assert secret not in repr(parsed) and secret not in str(parsed)
+    pytest.importorskip("psycopg")
+    from comfyui_chai.cache_store.service import ChaiCache
+
+    with pytest.raises(CacheError) as raised:  # the API: libpq quotes the token it cannot decode
+        ChaiCache(tmp_path, server=parsed, name="x")
+    assert "s3cr" not in str(raised.value) and "zzet" not in str(raised.value), raised.value
     for command in ("stats", "verify"):
         out = subprocess.run([PYTHON, "-m", "comfyui_chai.cache_store", "--url", url, "--root", str(tmp_path),
                               "--name", "x", command], capture_output=True, text=True, env=subprocess_env(),
