@@ -95,9 +95,9 @@ def _check_manifest(manifest: Manifest, latent_dir: Path, index_dir: Path, repor
     dangling = manifest.query("SELECT COUNT(*) FROM postings WHERE entry_id NOT IN (SELECT id FROM entries)")[0][0]
     if dangling:
         report.problems.append(f"{dangling} postings point to missing entries")
-    bad = _bad_vectors(manifest)
-    if bad:
-        report.problems.append(f"{len(bad)} entity vector(s) are not finite unit vectors")
+    bad_vectors = _bad_vectors(manifest)
+    if bad_vectors:
+        report.problems.append(f"{len(bad_vectors)} entity vector(s) are not finite unit vectors")
     _check_index(manifest, index_dir, report)
 
 
@@ -106,7 +106,7 @@ def settled(manifest: Manifest, latent_dir: Path, bad: list[tuple[dict, str]],
     """The problems that hold against the manifest as it is after the directory scan: a file a writer renamed
     in just before its row committed is listed by now, a row evicted meanwhile is gone (not a problem)."""
     for attempt in range(RECHECKS + 1):
-        listed = dict(manifest.query("SELECT file, id FROM entries"))
+        listed = {str(r[0]): int(r[1]) for r in manifest.query("SELECT file, id FROM entries")}
         bad = [(row, problem) for row, problem in bad if listed.get(row["file"]) == row["id"]]
         scanned = [name for name in scanned if name not in listed and os.path.lexists(latent_dir / name)]
         if not scanned or attempt == RECHECKS:

@@ -142,7 +142,8 @@ class IndexKeeper:
             if rows is None:
                 if head.last == self.seq and head.mark == self.mark:
                     return
-                head, rows = self.log.changes(self.seq, -1, self.epoch)  # same counters, another history
+                head, forced = self.log.changes(self.seq, -1, self.epoch)  # same counters, another history
+                rows = forced or []
             if head.dim is None:
                 self.index, self.gen, self.epoch, self.mark = None, head.generation, head.epoch, None
                 return
