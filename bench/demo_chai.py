@@ -11,17 +11,20 @@ detectors (scene, object, colour, motion), so each line says whether the video s
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
+
+from bench import demo_cache
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=20, help="requests to stream (default 20)")
     ap.add_argument("--seed", type=int, default=3, help="seed of the prompt stream and of the noise")
-    ap.add_argument("--cache", type=Path, default=Path("demo_cache"), help="cache folder (default ./demo_cache)")
+    ap.add_argument("--cache", type=Path, default=Path("demo_cache"),
+                    help="cache folder (default ./demo_cache); cleared first unless --keep, and only if it is empty "
+                         "or a cache the demo made")
     ap.add_argument("--out", type=Path, default=Path("demo_out"), help="GIF folder (default ./demo_out)")
     ap.add_argument("--keep", action="store_true", help="keep the cache's content instead of clearing it")
     ap.add_argument("--weights", type=Path, default=None, help="toy STDiT3 weights (default: the shipped ones)")
@@ -31,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-steps", default=None, help="cache steps of a hit (default: the pack's, 5,6)")
     ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     args = ap.parse_args(argv)
+    refused = demo_cache.prepare(args.cache, args.keep)
+    if refused:
+        print(f"demo: {refused}", file=sys.stderr)
+        return 2
 
     import torch
 
@@ -50,13 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    if args.cache.exists() and not args.keep:
-        shutil.rmtree(args.cache)
     print(f"CHAI demo: {len(stream)} toy-world requests, cache {args.cache}/, videos {args.out}/ "
           f"(full {config.full_steps} steps on a miss, {config.fast_steps} with Cache Attention at steps "
           f"{','.join(map(str, config.cache_steps))} on a hit)", flush=True)
     t0 = time.perf_counter()
     cache = ChaiCache(args.cache, budget_bytes=budget_from_gb(0.5))
+    demo_cache.mark(args.cache)
     cache.embed_prompt("a red ball")  # load spaCy and MiniLM before the first timed request
     pipe = ChaiPipeline(model, cache, config, text_encode=toy_text_encoder(), video=ToyVideoSpec(),
                         schedule=toy_sigmas, cfg=DEFAULT_CFG if args.cfg is None else args.cfg)

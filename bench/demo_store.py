@@ -12,11 +12,11 @@ with fake sigmas, as a full-mode generation would. Prints one line per request a
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import time
 from pathlib import Path
 
+from bench import demo_cache
 from bench._common import DEFAULT_PROMPTS, load_prompts, ms_mean, shorten, table
 
 LATENT_SHAPE = (1, 4, 15, 30, 53)          # OpenSora 1.2 VAE latent of a 240p, 51-frame video
@@ -50,8 +50,9 @@ def main(argv: list[str] | None = None) -> None:
     n = 30 if args.quick else args.n
 
     prompts = load_prompts(args.prompts, seed=args.seed)[:n]
-    if args.cache.exists() and not args.keep:
-        shutil.rmtree(args.cache)
+    refused = demo_cache.prepare(args.cache, args.keep)
+    if refused:
+        raise SystemExit(f"demo: {refused}")
 
     import torch
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     print(f"opening cache {args.cache} (budget {args.budget_gb:g} GB) ...", flush=True)
     cache = ChaiCache(args.cache, budget_bytes=budget_from_gb(args.budget_gb))
+    demo_cache.mark(args.cache)
     print("loading spaCy pipeline ...", flush=True)
     extractor = cache.extractor
     print(f"  {extractor.pipeline_name}; loading MiniLM ...", flush=True)

@@ -9,12 +9,14 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from .cli_checks import READ_ONLY, printable
 from .config import StoreConfig, budget_from_gb
 from .errors import CacheError
 from .naming import cache_dir
-from .open_store import open_store, verify_store
+from .open_store import check_store, fix_before_repair, open_store, verify_store
 from .postgres.url import LOCAL, URL_ENV, ServerURL, redact, resolve
 from .service import default_root
+from .types import VerifyReport
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="set the cache's budget to this many GB first (it stays); default: keep the cache's own")
     cl = sub.add_parser("clear", help="delete every entry")
     cl.add_argument("--yes", action="store_true", help="confirm")
-    sub.add_parser("verify", help="check manifest, every latent file and the index; read-only, changes nothing")
+    sub.add_parser("verify", help="check manifest, every latent file and the index; read-only, changes nothing; "
+                                  "exit status 1 when it lists problems")
     sub.add_parser("repair", help="verify, then fix and report each action (rebuild a damaged manifest, drop "
                                   "entries whose files are bad, adopt or quarantine stray files, rebuild the index)")
     return p
@@ -50,20 +53,36 @@ def _server(args: argparse.Namespace) -> ServerURL | None:
     return None if args.root is not None else resolve(None)
 
 
+class Outcome(str):
+    """A report and the exit status it calls for (1: verify listed problems)."""
+
+    status = 0
+
+
+def _problems(report: VerifyReport) -> Outcome:
+    out = Outcome(report.report())
+    out.status = 1 if report.problems else 0
+    return out
+
+
 def run(args: argparse.Namespace) -> str:
-    """Execute one command and return its report."""
+    """Execute one command and return its report (an Outcome with its exit status for verify)."""
     server = _server(args)
     root = args.root or default_root()
     location = cache_dir(root, args.name) if server is None else server
+    if args.command in READ_ONLY:  # opening would create the typo'd cache
+        check_store(location, name=args.name)
     if args.command == "verify":  # read-only: never opens the store (opening adopts and quarantines files)
-        return verify_store(location, name=args.name).report()
+        return _problems(verify_store(location, name=args.name))
+    fixed = fix_before_repair(location) if args.command == "repair" else []
     with open_store(location, StoreConfig(), name=args.name, local_root=root) as store:
         if args.command == "stats":
             return store.stats().report()
         if args.command == "list":
             lines = [f"{'id':>6} {'MB':>7} {'hits':>5}  entities | prompt"]
             for e in store.entries(args.limit):
-                lines.append(f"{e.id:>6} {e.nbytes / 1e6:7.2f} {e.hits:>5}  {', '.join(e.entities)} | {e.prompt}")
+                lines.append(f"{e.id:>6} {e.nbytes / 1e6:7.2f} {e.hits:>5}  {printable(', '.join(e.entities))} | "
+                             f"{printable(e.prompt)}")
             return "\n".join(lines)
         if args.command == "prune":
             budget = budget_from_gb(args.budget_gb) if args.budget_gb is not None else None
@@ -73,18 +92,21 @@ def run(args: argparse.Namespace) -> str:
             if not args.yes:
                 raise CacheError("clear deletes every entry of the cache: add --yes to confirm")
             return f"removed {store.clear()} entries"
-        return store.repair().report()
+        report = store.repair()
+        report.repaired[:0] = fixed
+        return report.report()
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; errors become one line on stderr and exit status 2."""
     args = build_parser().parse_args(argv)
     try:
-        print(run(args))
+        out = run(args)
+        print(out)
     except (CacheError, ValueError, OSError, sqlite3.Error) as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug, still one line: the cache folder is never left half-changed by the CLI
         print(f"error: unexpected {type(exc).__name__}: {redact(str(exc))} (please report this)", file=sys.stderr)
         return 3
-    return 0
+    return getattr(out, "status", 0)

@@ -17,6 +17,7 @@ def budget_from_gb(gb: float) -> int:
 
 DEFAULT_BUDGET_BYTES = 2 * GB
 DEFAULT_POLICY = "lru"
+DEFAULT_SERVER_TIMEOUT_S = 5.0  # a PostgreSQL server that does not answer within this is a miss / "not stored"
 
 
 @dataclass(frozen=True)
@@ -25,10 +26,15 @@ class StoreConfig:
 
     Both belong to the cache (stored in its manifest): a value here is an explicit change applied on open and
     logged; None keeps what the cache has (a new cache starts with 2 GB and LRU).
+
+    `server_timeout_s` is this opener's own (a cache on a PostgreSQL server only): how long one statement, lock
+    wait or connection attempt may take before a lookup becomes a miss and a write "not stored" (a frozen or
+    partitioned server); None waits as long as the server takes (the CLI's maintenance commands).
     """
 
     budget_bytes: int | None = None
     policy: str | None = None
+    server_timeout_s: float | None = DEFAULT_SERVER_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.budget_bytes is not None and (not isinstance(self.budget_bytes, int) or isinstance(
@@ -36,3 +42,7 @@ class StoreConfig:
             raise ValueError(f"budget_bytes must be a positive int, got {self.budget_bytes!r}")
         if self.policy is not None and self.policy not in POLICIES:
             raise ValueError(f"eviction policy must be one of {POLICIES}, got {self.policy!r}")
+        timeout = self.server_timeout_s
+        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                    or not math.isfinite(timeout) or timeout <= 0):
+            raise ValueError(f"server_timeout_s must be a positive number of seconds or None, got {timeout!r}")

@@ -50,3 +50,13 @@ class CacheUnavailableError(CacheError):
     def __init__(self, message: str, transient: bool = True) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+class MissingCacheError(CacheError):
+    """A read-only command named a cache that does not exist (checked before opening, which would create it)."""
+
+    @classmethod
+    def naming(cls, missing: str, caches: list[str], where: str) -> MissingCacheError:
+        """The error for `missing` (what does not exist), naming the caches that do exist `where`."""
+        there = f"caches there: {', '.join(caches)}" if caches else f"there is no cache {where} yet"
+        return cls(f"{missing}; {there} (check --name; nothing was created)")

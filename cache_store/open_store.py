@@ -1,7 +1,7 @@
 """One place that maps a cache's location to its backend: a folder path, or a server URL by its scheme.
 
-A third backend adds its folder (beside folder/ and postgres/) and its lines to SERVER_BACKENDS and
-SERVER_VERIFIERS (docs/adding-a-backend.md).
+A third backend adds its folder (beside folder/ and postgres/) and its lines to SERVER_BACKENDS,
+SERVER_VERIFIERS and SERVER_CHECKS (docs/adding-a-backend.md).
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 from .backend import CacheBackend
 from .config import StoreConfig
 from .errors import CacheError
+from .folder.exists import check_folder_cache
+from .folder.lock_file import fix_lock_file
 from .folder.maintenance import verify_folder
 from .folder.store import CacheStore
 from .postgres.url import ServerURL
@@ -31,6 +33,12 @@ def _postgres_verify(server: ServerURL, name: str) -> VerifyReport:
         db.close()
 
 
+def _postgres_check(server: ServerURL, name: str) -> None:
+    from .postgres.exists import check_server_cache
+
+    check_server_cache(server, name)
+
+
 def _postgres(server: ServerURL, name: str, settings: StoreConfig, local_root: Path | None) -> Any:
     from .postgres.store import PgCacheStore  # psycopg and the server only when a server cache is opened
 
@@ -44,6 +52,10 @@ SERVER_BACKENDS: dict[str, Callable[[ServerURL, str, StoreConfig, Path | None], 
 # URL scheme -> read-only verify(server, cache name), which never opens (so never changes) the cache
 SERVER_VERIFIERS: dict[str, Callable[[ServerURL, str], VerifyReport]] = {
     "postgresql": _postgres_verify, "postgres": _postgres_verify,
+}
+# URL scheme -> read-only check(server, cache name): MissingCacheError unless the cache exists, creating nothing
+SERVER_CHECKS: dict[str, Callable[[ServerURL, str], None]] = {
+    "postgresql": _postgres_check, "postgres": _postgres_check,
 }
 
 
@@ -70,3 +82,21 @@ def verify_store(location: str | os.PathLike | ServerURL, *, name: str = "defaul
     if isinstance(location, ServerURL):
         return _scheme(location, SERVER_VERIFIERS)(location, name)
     return verify_folder(Path(location))
+
+
+def check_store(location: str | os.PathLike | ServerURL, *, name: str = "default") -> None:
+    """MissingCacheError naming the caches that do exist, unless there is a cache at `location`; read-only (what
+    stats, list and verify check first: opening would create a cache a typo named)."""
+    if isinstance(location, ServerURL):
+        _scheme(location, SERVER_CHECKS)(location, name)
+    else:
+        check_folder_cache(Path(location))
+
+
+def fix_before_repair(location: str | os.PathLike | ServerURL) -> list[str]:
+    """Fix what keeps the cache at `location` from opening at all (a folder's writer lock that is not a plain
+    file) before `repair` opens it; the actions taken."""
+    if isinstance(location, ServerURL):
+        return []
+    fixed = fix_lock_file(Path(location))
+    return [fixed] if fixed else []

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .backend import CacheBackend
-from .config import StoreConfig
+from .config import DEFAULT_SERVER_TIMEOUT_S, StoreConfig
 from .errors import CacheError, CacheUnavailableError
 from .lookup.rule import HitRule
 from .naming import cache_dir, encodable_text
@@ -49,8 +49,8 @@ class ChaiCache:
     def __init__(self, root: str | os.PathLike, *, budget_bytes: int | None = None, policy: str | None = None,
                  embedder: Any = "minilm", spacy_pipeline: str | None = None,
                  threshold: float | None = None, server: ServerURL | None = None, name: str | None = None,
-                 scenes_must_agree: bool = True) -> None:
-        self.settings = StoreConfig(budget_bytes=budget_bytes, policy=policy)
+                 scenes_must_agree: bool = True, server_timeout_s: float | None = DEFAULT_SERVER_TIMEOUT_S) -> None:
+        self.settings = StoreConfig(budget_bytes=budget_bytes, policy=policy, server_timeout_s=server_timeout_s)
         self.server = server
         # root: the cache folder, or (with a server) the local folder that keeps this worker's entity index
         self.store: CacheBackend = open_store(root if server is None else server, self.settings,

@@ -9,14 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from . import regular_files
 from .entities.roles import ROLES
 from .errors import EmbedderMismatchError, InvalidEntryError
 
@@ -145,17 +144,8 @@ def check_record(prompt: object, entities: Sequence[Sequence[str]], vectors: Any
 
 
 def read_regular_file(path: Path) -> bytes:
-    """Bytes of a regular file, refusing symlinks, directories and devices (OSError otherwise)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise IsADirectoryError(f"{path.name} is not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            return fh.read()
-    finally:
-        os.close(fd)
+    """Bytes of a regular file, refusing links, folders, FIFOs and devices without blocking (OSError otherwise)."""
+    return regular_files.read_bytes(path)
 
 
 def record_from_file(data: bytes, vectors_key: str, file_format: str) -> tuple[EntryRecord, dict[str, Any]]:

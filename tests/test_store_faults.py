@@ -60,7 +60,8 @@ def test_verify_and_repair_on_a_lost_manifest_delete_nothing(tmp_path, command):
     files = fill(root, 4)
     lose_manifest(root, "garbage")
     out = run_cli(root, command)
-    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    # verify lists the lost manifest, so it exits 1 (issue 23); repair fixes it and exits 0
+    assert out.returncode == (1 if command == "verify" else 0) and "Traceback" not in out.stderr, out.stderr
     assert sorted(p.name for p in (root / "latents").iterdir()) == sorted(files)
     _assert_all_back(root, 4)
 
@@ -159,7 +160,7 @@ def test_verify_changes_nothing_and_lists_every_problem(tmp_path):
     (root / "latents" / f"{6:032x}.safetensors").write_bytes(b"\x80\x04pickle")        # unusable, unlisted
     before = folder_state(root)
     out = run_cli(root, "verify")
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 1, out.stderr  # problems listed: a script or cron job can tell
     assert folder_state(root) == before
     text = out.stdout
     assert "4 problem(s)" in text and "missing" in text and "damaged" in text

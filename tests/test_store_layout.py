@@ -8,7 +8,8 @@ grimp = pytest.importorskip("grimp")  # installed with import-linter
 PKG = "comfyui_chai.cache_store"
 BACKENDS = (f"{PKG}.folder", f"{PKG}.postgres")
 SHARED = (f"{PKG}.entities", f"{PKG}.index", f"{PKG}.lookup", f"{PKG}.backend", f"{PKG}.types",
-          f"{PKG}.validate", f"{PKG}.prepare", f"{PKG}.latents", f"{PKG}.naming", f"{PKG}.errors", f"{PKG}.config")
+          f"{PKG}.validate", f"{PKG}.prepare", f"{PKG}.latents", f"{PKG}.naming", f"{PKG}.errors", f"{PKG}.config",
+          f"{PKG}.regular_files", f"{PKG}.cli_checks")
 
 
 @pytest.fixture(scope="module")

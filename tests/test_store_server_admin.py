@@ -124,8 +124,11 @@ def test_the_cli_manages_a_server_cache(pg_server, tmp_path, monkeypatch, capsys
     monkeypatch.setenv("PGPASSWORD", CHAI_PASSWORD)
     url = pg_server.url("chai")
     args = ["--url", url, "--name", name, "--root", str(tmp_path)]
-    assert main([*args, "verify"]) == 0
-    assert "does not exist on postgresql://chai@" in capsys.readouterr().out
+    assert main([*args, "verify"]) == 2  # a typo'd name: said so, nothing created
+    assert "does not exist on postgresql://chai@" in capsys.readouterr().err
+    assert main([*args, "stats"]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and ("caches there:" in err or "no cache on this server yet" in err), err
     assert pg_server.admin_sql(f"SELECT to_regclass('\"{schema_name(name)}\".state')", "chai") == "\n"
     with open_store(pg_server.url("chai"), name, tmp_path) as s:
         size = s.insert("first", ents("dog"), FP, latents(1), SIGMAS).nbytes

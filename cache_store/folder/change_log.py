@@ -39,5 +39,8 @@ class ManifestLog:
                                (since,)).fetchall()
             return self._head(cur), [(int(r[0]), int(r[1]), str(r[2])) for r in rows]
 
+    def mark_at(self, seq: int) -> str | None:
+        return None  # a folder's log is its own manifest: its rows carry no marks
+
     def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self.manifest.entity_vectors(ids)

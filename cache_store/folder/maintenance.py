@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import numpy as np
 
 from .. import latents as lat
+from .. import regular_files
 from ..errors import CacheError
 from ..index.keeper import INDEX_STATE, IndexKeeper
 from ..index.vector_index import IndexLoadError, VectorIndex
@@ -20,6 +23,17 @@ from .recovery import adopt_unlisted, quarantine, rebuild_manifest, sweep_tempor
 from .rows import delete_entries, policy_in, recount_bytes, victims
 
 log = logging.getLogger(__name__)
+
+RECHECKS = 3          # verify looks again this often at files no row lists (while other processes write) ...
+RECHECK_WAIT_S = 0.2  # ... this long apart
+TMP_IN_FLIGHT_S = 60.0  # a temporary latent file younger than this may be a write in progress, not a leftover
+
+
+def _age(path: Path) -> float:
+    try:
+        return time.time() - path.lstat().st_mtime
+    except FileNotFoundError:
+        return 0.0  # renamed into place meanwhile
 
 
 def _file_problem(latent_dir: Path, row: dict) -> str | None:
@@ -65,16 +79,14 @@ def _check_manifest(manifest: Manifest, latent_dir: Path, index_dir: Path, repor
         report.problems.append(f"manifest integrity check failed: {status}")
     rows = [dict(r) for r in manifest.query("SELECT id, file, nbytes, checksum, shape, dtype FROM entries")]
     report.checked = len(rows)
-    for row in rows:
-        problem = _file_problem(latent_dir, row)
-        if problem:
-            report.problems.append(f"entry {row['id']}: {problem}")
-    listed = {r["file"] for r in rows}
-    for path in sorted(latent_dir.iterdir()):
-        if is_entry_file_name(path.name) and path.name not in listed:
-            report.problems.append(_unlisted_problem(latent_dir, path.name))
-    counted = manifest.query("SELECT COALESCE(SUM(nbytes), 0) FROM entries")[0][0]
-    if int(manifest.meta("total_bytes", "0") or 0) != counted:
+    bad = [(row, problem) for row in rows if (problem := _file_problem(latent_dir, row))]
+    scanned = [p.name for p in sorted(latent_dir.iterdir()) if is_entry_file_name(p.name)]
+    bad, unlisted = settled(manifest, latent_dir, bad, scanned)
+    report.problems += [f"entry {row['id']}: {problem}" for row, problem in bad]
+    report.problems += [_unlisted_problem(latent_dir, name) for name in unlisted]
+    counted, counter = manifest.query("SELECT (SELECT COALESCE(SUM(nbytes), 0) FROM entries), "
+                                      "(SELECT value FROM meta WHERE key = 'total_bytes')")[0]  # one snapshot
+    if int(counter or 0) != counted:
         report.problems.append("the byte counter disagrees with the entries")
     orphans = manifest.query("SELECT COUNT(*) FROM entities WHERE NOT EXISTS "
                              "(SELECT 1 FROM postings WHERE postings.entity_id = entities.id)")[0][0]
@@ -83,10 +95,24 @@ def _check_manifest(manifest: Manifest, latent_dir: Path, index_dir: Path, repor
     dangling = manifest.query("SELECT COUNT(*) FROM postings WHERE entry_id NOT IN (SELECT id FROM entries)")[0][0]
     if dangling:
         report.problems.append(f"{dangling} postings point to missing entries")
-    bad = _bad_vectors(manifest)
-    if bad:
-        report.problems.append(f"{len(bad)} entity vector(s) are not finite unit vectors")
+    bad_vectors = _bad_vectors(manifest)
+    if bad_vectors:
+        report.problems.append(f"{len(bad_vectors)} entity vector(s) are not finite unit vectors")
     _check_index(manifest, index_dir, report)
+
+
+def settled(manifest: Manifest, latent_dir: Path, bad: list[tuple[dict, str]],
+            scanned: list[str]) -> tuple[list[tuple[dict, str]], list[str]]:
+    """The problems that hold against the manifest as it is after the directory scan: a file a writer renamed
+    in just before its row committed is listed by now, a row evicted meanwhile is gone (not a problem)."""
+    for attempt in range(RECHECKS + 1):
+        listed = {str(r[0]): int(r[1]) for r in manifest.query("SELECT file, id FROM entries")}
+        bad = [(row, problem) for row, problem in bad if listed.get(row["file"]) == row["id"]]
+        scanned = [name for name in scanned if name not in listed and os.path.lexists(latent_dir / name)]
+        if not scanned or attempt == RECHECKS:
+            return bad, scanned
+        time.sleep(RECHECK_WAIT_S)  # a commit in flight lands within milliseconds; a real stray file stays
+    return bad, scanned
 
 
 def _check_index(manifest: Manifest, index_dir: Path, report: VerifyReport) -> None:
@@ -95,13 +121,22 @@ def _check_index(manifest: Manifest, index_dir: Path, report: VerifyReport) -> N
     state_path = index_dir / INDEX_STATE
     if not dim or not state_path.exists():
         return
-    try:
-        state = json.loads(state_path.read_text())
-        if not lat.is_leaf_name(state["file"]) or state["file"].startswith("."):
-            raise IndexLoadError("invalid index file name")
-        VectorIndex.load(index_dir / state["file"], int(dim))
-    except (OSError, ValueError, KeyError, TypeError, IndexLoadError) as exc:
-        report.problems.append(f"the saved entity index is refused ({exc}); open rebuilds it from the manifest")
+    for attempt in (0, 1):  # a writer saving a new index meanwhile replaces the file state.json named
+        try:
+            state = json.loads(regular_files.read_text(state_path))
+            if not lat.is_leaf_name(state["file"]) or state["file"].startswith("."):
+                raise IndexLoadError("invalid index file name")
+            why = regular_files.refusal(index_dir / state["file"])
+            if why:
+                raise IndexLoadError(why)
+            VectorIndex.load(index_dir / state["file"], int(dim))
+            return
+        except (OSError, ValueError, KeyError, TypeError, IndexLoadError) as exc:
+            if attempt:
+                report.problems.append(f"the saved entity index is refused ({exc}); open rebuilds it from the "
+                                       "manifest")
+            else:
+                time.sleep(RECHECK_WAIT_S)
 
 
 def verify_folder(root: Path) -> VerifyReport:
@@ -113,7 +148,7 @@ def verify_folder(root: Path) -> VerifyReport:
         report.problems.append(f"{root} has no {LATENT_DIR}/ folder (not a cache, or never opened)")
         return report
     for path in sorted(latent_dir.iterdir()):
-        if path.name.startswith(lat.TMP_PREFIX):
+        if path.name.startswith(lat.TMP_PREFIX) and _age(path) > TMP_IN_FLIGHT_S:  # younger: a write in flight
             report.problems.append(f"leftover temporary file {path.name} (the next open removes it)")
     manifest_path = root / MANIFEST_NAME
     if not manifest_path.exists():

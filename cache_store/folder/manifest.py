@@ -11,6 +11,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .. import regular_files
 from ..errors import FormatVersionError, ManifestDamagedError, ManifestError
 from ..types import EntryInfo
 
@@ -122,6 +123,10 @@ class Manifest:
 
     def _connect(self) -> None:
         path, readonly = self.path, self.readonly
+        for part in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm")):
+            why = regular_files.refusal(part)
+            if why:  # SQLite would block reading a FIFO, or write through a link out of the cache
+                raise ManifestDamagedError(f"cannot open the cache manifest {path}: {why}")
         try:
             if readonly:
                 # immutable when no -wal exists: a read-only open must not create -wal/-shm files either

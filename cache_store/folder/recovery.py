@@ -44,14 +44,26 @@ class RecoveryLog:
 
 def quarantine(root: Path, path: Path, reason: str) -> Path:
     """Move `path` (file, directory or link) into root/quarantine with a .reason.txt beside it."""
-    target_dir = root / QUARANTINE_DIR
-    target_dir.mkdir(exist_ok=True)
+    target_dir = own_quarantine(root)
     target = target_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}-{path.name}"
     os.replace(path, target)
     (target_dir / (target.name + ".reason.txt")).write_text(reason + "\n", encoding="utf-8")
     lat.fsync_dir(target_dir)
     log.warning("[CHAI] moved %s to %s: %s", path.name, target, reason)
     return target
+
+
+def own_quarantine(root: Path) -> Path:
+    """root/quarantine as a real folder: a link (or file) in its place is renamed aside, never followed out of
+    the cache."""
+    target_dir = root / QUARANTINE_DIR
+    if os.path.lexists(target_dir) and (target_dir.is_symlink() or not target_dir.is_dir()):
+        aside = root / f"{QUARANTINE_DIR}.not-a-folder-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        os.replace(target_dir, aside)
+        log.warning("[CHAI] %s was not a folder of the cache (a link or file): renamed to %s; quarantine goes "
+                    "into a fresh folder", target_dir, aside.name)
+    target_dir.mkdir(exist_ok=True)
+    return target_dir
 
 
 def sweep_temporaries(root: Path, latent_dir: Path, index_dir: Path) -> list[str]:
@@ -142,7 +154,7 @@ def rebuild_manifest(root: Path, latent_dir: Path, reason: str) -> RecoveryLog:
         Path(str(tmp) + suffix).unlink(missing_ok=True)
     for suffix in ("", "-wal", "-shm"):
         old = root / (MANIFEST_NAME + suffix)
-        if old.exists():
+        if os.path.lexists(old):  # a link or FIFO in its place too
             quarantine(root, old, f"{MANIFEST_NAME}{suffix} replaced by a rebuild: {reason}")
     os.replace(tmp, root / MANIFEST_NAME)
     lat.fsync_dir(root)

@@ -29,6 +29,7 @@ from ..validate import check_embedder
 from . import maintenance
 from .change_log import ManifestLog
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
+from .lock_file import check_lock_file
 from .manifest import Manifest
 from .recovery import adopt_unlisted, open_manifest, quarantine, scan_latents, sweep_temporaries
 from .rows import (compact_log, delete_entries, insert_entry, policy_in, recount_bytes, stored_embedder, stored_setting,
@@ -50,6 +51,7 @@ class CacheStore(StoreBase):
         self.index_dir = self.root / INDEX_DIR
         self.latent_dir.mkdir(parents=True, exist_ok=True)
         self.index_dir.mkdir(exist_ok=True)
+        check_lock_file(self.root)
         self._writer = FileLock(str(self.root / LOCK_NAME), timeout=lock_timeout)
         with self._writer:
             sweep_temporaries(self.root, self.latent_dir, self.index_dir)

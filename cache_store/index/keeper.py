@@ -17,6 +17,7 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from .. import latents as lat
+from .. import regular_files
 from ..validate import UNIT_TOLERANCE
 from .vector_index import IndexLoadError, VectorIndex
 
@@ -47,6 +48,7 @@ class LogHead:
     embedder: str | None
     first: int | None  # oldest sequence number still kept (None: empty log)
     last: int          # newest sequence number (0: nothing logged yet)
+    mark: str | None = None  # the random mark of the row at `last` (PostgreSQL; None where the log has none)
 
 
 class ChangeLog(Protocol):
@@ -58,6 +60,9 @@ class ChangeLog(Protocol):
     def changes(self, since: int, gen: int, epoch: int) -> tuple[LogHead, list[tuple[int, int, str]] | None]:
         """The head and, unless generation and epoch are unchanged, the (seq, entity id, op) rows after `since`,
         read in one snapshot."""
+
+    def mark_at(self, seq: int) -> str | None:
+        """The mark of the log row at `seq`, or None (no such row, or a log without marks)."""
 
     def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, vectors) of all entities, or of the given ids."""
@@ -73,6 +78,7 @@ class IndexKeeper:
         self.lock = threading.RLock()
         self.index: VectorIndex | None = None
         self.seq, self.epoch, self.gen = 0, -1, -1
+        self.mark: str | None = None  # mark of the log row at self.seq: the history this index was built from
         self.unsaved = 0
         self.last_save = time.monotonic()
 
@@ -80,7 +86,7 @@ class IndexKeeper:
         """Load the persisted index if it checks out against the log, else rebuild it from the log's cache."""
         with self.lock:
             head = self.log.head()
-            self.index, self.seq, self.epoch, self.gen = None, 0, head.epoch, -1
+            self.index, self.seq, self.epoch, self.gen, self.mark = None, 0, head.epoch, -1, None
             if head.dim is None:
                 return
             try:
@@ -90,7 +96,7 @@ class IndexKeeper:
                 self.rebuild()
 
     def _load_saved(self, head: LogHead) -> None:
-        state = json.loads((self.index_dir / INDEX_STATE).read_text())
+        state = json.loads(regular_files.read_text(self.index_dir / INDEX_STATE))
         if state["epoch"] != head.epoch or state["dim"] != head.dim or state["embedder"] != head.embedder:
             raise IndexLoadError("index state belongs to another epoch or embedder")
         if not isinstance(state["seq"], int) or not 0 <= state["seq"] <= head.last:
@@ -100,10 +106,16 @@ class IndexKeeper:
         name = state["file"]
         if not lat.is_leaf_name(name) or name.startswith("."):
             raise IndexLoadError("invalid index file name")
+        if self.log.mark_at(state["seq"]) != state.get("mark"):
+            raise IndexLoadError("the cache is not the one this index was built from (restored from a backup or "
+                                 "failed over): its change log differs at the saved position")
+        why = regular_files.refusal(self.index_dir / name)
+        if why:
+            raise IndexLoadError(why)
         if head.dim is None:  # load() only gets here with vectors in the log
             raise IndexLoadError("the change log holds no vectors to index")
         self.index = VectorIndex.load(self.index_dir / name, head.dim, **self._kwargs)
-        self.seq = state["seq"]
+        self.seq, self.mark = state["seq"], state.get("mark")
         self.sync(force=True)
         ids, _ = usable_vectors(*self.log.entity_vectors())
         if set(self.index.labels().tolist()) != set(ids.tolist()):
@@ -121,7 +133,7 @@ class IndexKeeper:
             index = VectorIndex(head.dim, **self._kwargs)
             if len(labels):
                 index.add(labels, vectors)
-            self.index, self.seq = index, head.last
+            self.index, self.seq, self.mark = index, head.last, head.mark
             self.epoch, self.gen = head.epoch, head.generation
             self.unsaved = len(labels)
 
@@ -130,12 +142,15 @@ class IndexKeeper:
         with self.lock:
             head, rows = self.log.changes(self.seq, -1 if force else self.gen, self.epoch)
             if rows is None:
-                return
+                if head.last == self.seq and head.mark == self.mark:
+                    return
+                head, forced = self.log.changes(self.seq, -1, self.epoch)  # same counters, another history
+                rows = forced or []
             if head.dim is None:
-                self.index, self.gen, self.epoch = None, head.generation, head.epoch
+                self.index, self.gen, self.epoch, self.mark = None, head.generation, head.epoch, None
                 return
             lagging = head.first is not None and head.first > self.seq + 1 and self.seq > 0
-            if self.index is None or head.epoch != self.epoch or lagging:
+            if self.index is None or head.epoch != self.epoch or lagging or self._diverged(head):
                 self.rebuild()
                 return
             final = {entity_id: op for _, entity_id, op in rows}
@@ -149,8 +164,23 @@ class IndexKeeper:
                     self.index.add(labels, vectors)
             if rows:
                 self.seq = rows[-1][0]
+                self.mark = head.mark if self.seq == head.last else self.log.mark_at(self.seq)
             self.unsaved += len(rows)
             self.gen = head.generation
+
+    def _diverged(self, head: LogHead) -> bool:
+        """True when the log no longer holds the history this index reflects: it went back (a schema restored
+        from a backup, a primary promoted from a lagging replica), or the row at our position is another one."""
+        if head.last < self.seq:
+            log.warning("[CHAI] the cache's change log went back from %d to %d (restored or failed over): "
+                        "rebuilding the entity index", self.seq, head.last)
+            return True
+        mark = head.mark if head.last == self.seq else self.log.mark_at(self.seq)
+        if mark != self.mark:
+            log.warning("[CHAI] the cache's change log differs at position %d (restored or failed over): "
+                        "rebuilding the entity index", self.seq)
+            return True
+        return False
 
     def save(self) -> None:
         """Persist the index with the log position it reflects (writer lock held)."""
@@ -162,7 +192,7 @@ class IndexKeeper:
             self.index_dir.mkdir(parents=True, exist_ok=True)
             self.index.save(self.index_dir / name)
             state = {"file": name, "seq": self.seq, "epoch": self.epoch, "dim": head.dim,
-                     "embedder": head.embedder}
+                     "embedder": head.embedder, "mark": self.mark}
             lat.write_atomic(self.index_dir, INDEX_STATE, json.dumps(state).encode())
             for old in self.index_dir.iterdir():
                 if old.name.startswith("entities-") and old.name != name:

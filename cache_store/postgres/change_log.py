@@ -8,14 +8,16 @@ import numpy as np
 from ..index.keeper import LogHead
 from .db import PgDb
 
-_HEAD = ("SELECT generation, index_epoch, dim, embedder, (SELECT MIN(seq) FROM index_log), log_seq "
-         "FROM state WHERE id = 1")
+FULL_READ_MIN_S, FULL_READ_FACTOR = 60.0, 12  # the time limit of reading every entity vector
+# The head, with the mark of the row at log_seq: a worker tells by it that the log still holds its history.
+_HEAD = ("SELECT generation, index_epoch, dim, embedder, (SELECT MIN(seq) FROM index_log), log_seq, "
+         "(SELECT mark FROM index_log WHERE seq = state.log_seq) FROM state WHERE id = 1")
 
 
 def _head(row: Sequence[Any]) -> LogHead:
-    generation, epoch, dim, embedder, first, last = row
+    generation, epoch, dim, embedder, first, last, mark = row
     return LogHead(int(generation), int(epoch), int(dim) if dim and int(dim) > 0 else None, embedder,
-                   None if first is None else int(first), int(last))
+                   None if first is None else int(first), int(last), mark)
 
 
 class PgChangeLog:
@@ -37,9 +39,17 @@ class PgChangeLog:
             cur.execute("SELECT seq, entity_id, op FROM index_log WHERE seq > %s ORDER BY seq", (since,))
             return head, [(int(s), int(e), str(o)) for s, e, o in cur.fetchall()]
 
+    def mark_at(self, seq: int) -> str | None:
+        """The mark of the log row at `seq` (None: no such row, or seq 0)."""
+        rows = self.db.query("SELECT mark FROM index_log WHERE seq = ?", (int(seq),)) if seq > 0 else []
+        return str(rows[0][0]) if rows else None
+
     def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         dim = self.head().dim or 0
-        with self.db.transaction(readonly=True, binary=True) as cur:
+        limit = self.db.timeout_s
+        if ids is None and limit is not None:  # every vector (a rebuild): 100,000 of them are 150 MB
+            limit = max(FULL_READ_MIN_S, FULL_READ_FACTOR * limit)
+        with self.db.limited(limit), self.db.transaction(readonly=True, binary=True) as cur:
             if ids is None:
                 cur.execute("SELECT id, vector FROM entities ORDER BY id")
             else:

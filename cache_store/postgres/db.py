@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import threading
 from typing import Any, Iterator, Sequence
-from urllib.parse import quote
 
 from ..errors import CacheError, CacheUnavailableError, ManifestError
+from .deadline import Deadline, connect_timeout, timeout_settings
 from .url import ServerURL, redact
 
 INSTALL_HINT = ("the PostgreSQL cache backend needs psycopg 3: run `python -m pip install 'psycopg[binary]>=3.1'` "
@@ -55,28 +55,43 @@ class PgDb:
 
     PINNED_JOIN = "JOIN"  # ranking.rank: PostgreSQL plans the join order itself
 
-    def __init__(self, server: ServerURL, schema: str) -> None:
+    def __init__(self, server: ServerURL, schema: str, timeout_s: float | None = None) -> None:
         self.server = server
         self.schema = schema
+        self.timeout_s = timeout_s  # per statement, lock wait and connection attempt (None: no limit)
         self._conn: Any = None
         self._lock = threading.RLock()
+        self._deadline = Deadline()
         self.psycopg = driver()
 
     # ------------------------------------------------------------------ errors
     def _message(self, exc: BaseException) -> str:
-        password = self.server.password
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return redact(first, password, quote(password, safe="") if password else None)
+        return redact(first, *self.server.secrets)
 
     def unavailable(self, exc: BaseException) -> CacheUnavailableError:
         """The error for a server that cannot be reached, naming it without its password."""
         text = self._message(exc)
+        if self.timeout_s is not None and "timeout expired" in text.lower():  # connected, but no answer
+            return self.timed_out()
         advice, transient = _advice(text)
         return CacheUnavailableError(f"the cache server {self.server.label} is unreachable ({text}); {advice}",
                                      transient)
 
+    def timed_out(self) -> CacheUnavailableError:
+        """The error for a server that did not answer within the limit (frozen, overloaded, cut off)."""
+        return CacheUnavailableError(
+            f"the cache server {self.server.label} did not answer within {self.timeout_s:g} s (frozen, overloaded "
+            "or cut off by the network); lookups are misses and nothing is stored until it answers again "
+            "(the limit is StoreConfig.server_timeout_s)", True)
+
     def _translate(self, exc: BaseException) -> CacheError:
         pg = self.psycopg
+        if self._deadline.fired:
+            self._drop()
+            return self.timed_out()
+        if isinstance(exc, (pg.errors.QueryCanceled, pg.errors.LockNotAvailable)) and self.timeout_s is not None:
+            return self.timed_out()
         if isinstance(exc, (pg.OperationalError, pg.InterfaceError)) and not isinstance(
                 exc, pg.errors.QueryCanceled):
             self._drop()
@@ -102,10 +117,13 @@ class PgDb:
             if self._conn is not None and not self._conn.closed and not self._conn.broken:
                 return self._conn
             self._drop()
+            self._deadline.fired = False
             pg = self.psycopg
             try:
-                conn = pg.connect(self.server.connect_url(), autocommit=True, application_name="comfyui-chai")
+                conn = pg.connect(self.server.connect_url(connect_timeout(self.timeout_s)), autocommit=True,
+                                  application_name="comfyui-chai")
                 conn.execute(pg.sql.SQL("SET search_path TO {}").format(pg.sql.Identifier(self.schema)))
+                self._set_timeouts(conn, self.timeout_s)
                 # A worker machine that vanishes inside a transaction would hold the state lock until TCP gives
                 # up (hours): the server ends such a session after this long instead.
                 conn.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'")
@@ -117,6 +135,37 @@ class PgDb:
             self._conn = conn
             return conn
 
+    def _set_timeouts(self, conn: Any, timeout_s: float | None) -> None:
+        for key, value in timeout_settings(timeout_s).items():
+            conn.execute(f"SET {key} = {value}")
+
+    def _timed_out(self, exc: BaseException) -> bool:
+        """True when the deadline cut the call, or the server gave up on a statement or lock wait itself."""
+        errors = self.psycopg.errors
+        return self._deadline.fired or (self.timeout_s is not None and isinstance(
+            exc, (errors.QueryCanceled, errors.LockNotAvailable)))
+
+    @contextlib.contextmanager
+    def limited(self, timeout_s: float | None) -> Iterator[None]:
+        """Another time limit inside (None: none), for calls known to take long; other threads wait."""
+        with self._lock:
+            saved, self.timeout_s = self.timeout_s, timeout_s
+            try:
+                if saved != timeout_s and self._conn is not None:
+                    self._set_timeouts(self.connection(), timeout_s)
+                yield
+            finally:
+                self.timeout_s = saved
+                if saved != timeout_s and self._conn is not None:
+                    try:
+                        self._set_timeouts(self._conn, saved)
+                    except self.psycopg.Error:
+                        self._drop()
+
+    def unbounded(self) -> contextlib.AbstractContextManager[None]:
+        """No time limit inside: maintenance that reads every blob may take minutes."""
+        return self.limited(None)
+
     def ping(self) -> None:
         """Make sure the connection works before a write (a stale one after a server restart is replaced)."""
         with self._lock:
@@ -124,10 +173,13 @@ class PgDb:
             for attempt in (0, 1):
                 conn = self.connection()
                 try:
-                    conn.execute("SELECT 1")
+                    with self._deadline.around(conn, self.timeout_s):
+                        conn.execute("SELECT 1")
                     return
                 except (pg.OperationalError, pg.InterfaceError) as exc:
                     self._drop()
+                    if self._timed_out(exc):
+                        raise self.timed_out() from None
                     if attempt:
                         raise self.unavailable(exc) from None
 
@@ -141,7 +193,7 @@ class PgDb:
             try:
                 conn.isolation_level = pg.IsolationLevel.REPEATABLE_READ if snapshot else None
                 conn.read_only = True if readonly else None
-                with conn.transaction():
+                with self._deadline.around(conn, self.timeout_s), conn.transaction():
                     yield conn.cursor(binary=binary)
             except pg.Error as exc:
                 raise self._translate(exc) from None
@@ -169,9 +221,12 @@ class PgDb:
             for attempt in (0, 1):
                 conn = self.connection()
                 try:
-                    return conn.cursor(binary=binary).execute(text, list(params)).fetchall()
+                    with self._deadline.around(conn, self.timeout_s):
+                        return conn.cursor(binary=binary).execute(text, list(params)).fetchall()
                 except (pg.OperationalError, pg.InterfaceError) as exc:
                     self._drop()
+                    if self._timed_out(exc):
+                        raise self.timed_out() from None
                     if attempt:
                         raise self.unavailable(exc) from None
                 except pg.Error as exc:

@@ -94,6 +94,13 @@ TABLES_V1 = [
         op text NOT NULL CHECK (op IN ('add', 'del')))""",
 ]
 
+# Every change-log row carries a random mark, so a worker can tell that the row at the position its index
+# reflects is still the row it applied: a schema restored from a backup (or a primary promoted from a lagging
+# replica) hands out those sequence numbers and entity ids again for other entities. Added on open when missing
+# (older packs keep writing rows: the default marks them), so it needs no schema version of its own.
+LOG_MARK_COLUMN = ("ALTER TABLE index_log ADD COLUMN mark text NOT NULL "
+                   "DEFAULT md5(random()::text || clock_timestamp()::text)")
+
 TABLES = ("schema_version", "state", "groups", "entries", "blobs", "entities", "postings", "quarantine", "index_log")
 
 # Migrations: {from_version: function(cursor)} run in order, each in the transaction that records its version.
@@ -152,4 +159,8 @@ def ensure(cur: Any, sql: Any, schema: str, name: str, budget_bytes: int | None,
         version += 1
         cur.execute("INSERT INTO schema_version VALUES (%s, %s, %s)", (version, time.time(), "migrated"))
         done = f"migrated from v{start}"
+    cur.execute("SELECT 1 FROM information_schema.columns WHERE table_schema = %s AND table_name = 'index_log' "
+                "AND column_name = 'mark'", (schema,))
+    if cur.fetchone() is None:
+        cur.execute(LOG_MARK_COLUMN)
     return done

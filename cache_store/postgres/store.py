@@ -53,7 +53,7 @@ class PgCacheStore(StoreBase):
         self.config = config or StoreConfig()
         self.schema = pg_schema.schema_name(self.name)
         self.root = f"{server.label}/{self.name}"  # what reports print (no password, no options)
-        self.db = PgDb(server, self.schema)
+        self.db = PgDb(server, self.schema, self.config.server_timeout_s)
         self._index_root = Path(index_root) if index_root is not None else Path.home() / ".cache" / "chai-cache"
         self._index_kwargs = dict(index_kwargs or {})
         self.keeper: IndexKeeper = None  # type: ignore[assignment]  # set by _open
@@ -260,7 +260,8 @@ class PgCacheStore(StoreBase):
     def clear(self) -> int:
         """Remove every entry and entity of this cache (quarantined bytes stay); return how many entries."""
         self._open()
-        n = pg_maintenance.clear(self.db)
+        with self.db.unbounded():
+            n = pg_maintenance.clear(self.db)
         with self._index_lock:
             for old in self.index_dir.iterdir():
                 lat.remove_files(self.index_dir, [old.name])
@@ -270,12 +271,16 @@ class PgCacheStore(StoreBase):
 
     def verify(self, repair: bool = False) -> VerifyReport:
         """Every problem found, through a read-only transaction (changes nothing)."""
-        return self.repair() if repair else pg_maintenance.verify(self.db, self.name)
+        if repair:
+            return self.repair()
+        with self.db.unbounded():
+            return pg_maintenance.verify(self.db, self.name)
 
     def repair(self) -> VerifyReport:
         """Fix what verify finds and report every action."""
         self._open()
-        report = pg_maintenance.repair(self.db, self.name)
+        with self.db.unbounded():
+            report = pg_maintenance.repair(self.db, self.name)
         with self._index_lock:
             self.keeper.rebuild()
             self.keeper.save()

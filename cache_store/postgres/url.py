@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ..errors import CacheError
 
@@ -36,6 +36,11 @@ class ServerURL:
     url: str
     source: str  # "node", "CHAI_CACHE_URL" or "CHAI_CACHE_URL_FILE"
 
+    def __repr__(self) -> str:
+        return f"ServerURL({self.shown!r}, source={self.source!r})"  # never the password (logs, tracebacks)
+
+    __str__ = __repr__
+
     @property
     def shown(self) -> str:
         """The URL with any password masked (what reports and logs print)."""
@@ -45,6 +50,17 @@ class ServerURL:
     def password(self) -> str | None:
         """The password inside the URL, if any (to redact from server messages)."""
         return _password(self.url)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every form the password may take in a message: decoded, as written in the URL, re-encoded."""
+        decoded = self.password
+        if not decoded:
+            return ()
+        netloc = urlsplit(self.url).netloc
+        userinfo = netloc.rpartition("@")[0]
+        raw = userinfo.split(":", 1)[1] if ":" in userinfo else decoded
+        return tuple(dict.fromkeys(s for s in (decoded, raw, quote(decoded, safe="")) if s))
 
     @property
     def label(self) -> str:
@@ -57,12 +73,13 @@ class ServerURL:
         database = unquote(parts.path.lstrip("/")) or params.get("dbname", "")
         return f"postgresql://{user + '@' if user else ''}{host}{':' + str(port) if port else ''}/{database}"
 
-    def connect_url(self) -> str:
-        """The URL handed to libpq: a connect timeout is added unless the URL sets one."""
+    def connect_url(self, timeout: str | None = None) -> str:
+        """The URL handed to libpq: a connect timeout (`timeout` seconds, else 5) is added unless the URL sets
+        one."""
         params = dict(parse_qsl(urlsplit(self.url).query))
         if "connect_timeout" in params:
             return self.url
-        return self.url + ("&" if "?" in self.url else "?") + f"connect_timeout={DEFAULT_CONNECT_TIMEOUT}"
+        return self.url + ("&" if "?" in self.url else "?") + f"connect_timeout={timeout or DEFAULT_CONNECT_TIMEOUT}"
 
 
 def _password(url: str) -> str | None:
@@ -81,10 +98,11 @@ def mask_url(url: str) -> str:
 
 
 def redact(text: str, *secrets: str | None) -> str:
-    """`text` with every given secret (and every URL password in it) replaced by ***."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, MASK)
+    """`text` with every given secret (and every URL password in it) replaced by ***; libpq quotes the whole
+    token of a URL it cannot decode, which may be or hold the password."""
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, MASK)
+    text = re.sub(r'(invalid percent-encoded token: )"[^"]*"', rf'\g<1>"{MASK}"', text)
     return re.sub(r"([a-z][a-z0-9+.-]*://[^:/@?#\s]*):[^@/?#\s]*@", rf"\g<1>:{MASK}@",
                   re.sub(r"(?i)(password=)[^&\s]*", rf"\g<1>{MASK}", text), flags=re.I)
 
