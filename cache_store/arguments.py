@@ -56,16 +56,19 @@ def check_fingerprint(fingerprint: Any) -> str:
     return fingerprint
 
 
-def check_shape(shape: Any, optional: bool = False) -> tuple[int, ...] | None:
-    """A latent shape as a tuple of positive ints (None only where the shape is optional)."""
-    if shape is None and optional:
-        return None
+def check_shape(shape: Any) -> tuple[int, ...]:
+    """A latent shape as a tuple of positive ints."""
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
         raise CacheArgumentError(f"shape must be a sequence of ints (the latent's shape), got {_kind(shape)}")
     dims = tuple(shape)
-    if not dims or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and d > 0 for d in dims):
+    if not dims or not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) and int(d) > 0 for d in dims):
         raise CacheArgumentError(f"shape must be a non-empty sequence of positive ints, got {dims!r}")
     return tuple(int(d) for d in dims)
+
+
+def check_optional_shape(shape: Any) -> tuple[int, ...] | None:
+    """None (the latents' own shape) or a latent shape."""
+    return None if shape is None else check_shape(shape)
 
 
 def check_latents(latents: Any) -> dict[str, Any]:

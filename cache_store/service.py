@@ -128,7 +128,7 @@ class ChaiCache:
         """Insert a full run's donor latents; a prompt without entities is reported, not raised."""
         prompt, entities = args.check_prompt(prompt), args.check_entities(entities)
         fingerprint, latents = args.check_fingerprint(fingerprint), args.check_latents(latents)
-        sigmas, shape, meta = args.check_sigmas(sigmas), args.check_shape(shape, optional=True), args.check_meta(meta)
+        sigmas, shape, meta = args.check_sigmas(sigmas), args.check_optional_shape(shape), args.check_meta(meta)
         t0 = time.perf_counter()
         try:
             result = self.store.insert(prompt, entities, fingerprint, latents, sigmas, shape=shape, meta=meta)
