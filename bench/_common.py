@@ -21,8 +21,14 @@ def load_prompts(path: Path | str = DEFAULT_PROMPTS, seed: int | None = None) ->
     """Non-empty prompt lines of a text file, shuffled with `seed` when given; SystemExit with a hint if absent."""
     path = Path(path)
     if not path.is_file():
-        raise SystemExit(f"prompt list {path} not found; pass --prompts PATH (VBench all_dimension.txt)")
-    prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        raise SystemExit(f"prompt list {path} not found; pass --prompts PATH, a text file with one prompt a line "
+                         "(the VBench prompt list all_dimension.txt: see the README, Benchmarks)")
+    try:
+        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except UnicodeDecodeError as exc:
+        raise SystemExit(f"prompt list {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not prompts:
+        raise SystemExit(f"prompt list {path} holds no prompts; give a text file with one prompt a line")
     if seed is not None:
         random.Random(seed).shuffle(prompts)
     return prompts

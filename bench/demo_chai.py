@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full-steps", type=int, default=30)
     ap.add_argument("--fast-steps", type=int, default=8)
     ap.add_argument("--cache-steps", default=None, help="cache steps of a hit (default: the pack's, 5,6)")
-    ap.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads (default 1: two were 12-17x slower while other work shared 2 cores)")
     args = ap.parse_args(argv)
     refused = demo_cache.prepare(args.cache, args.keep)
     if refused:

@@ -14,7 +14,7 @@ from .config import StoreConfig, budget_from_gb
 from .errors import CacheError
 from .naming import cache_dir
 from .open_store import check_store, fix_before_repair, open_store, verify_store
-from .postgres.url import LOCAL, URL_ENV, ServerURL, redact, resolve
+from .postgres.url import ServerURL, from_option, redact, resolve
 from .service import default_root
 from .types import VerifyReport
 
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _server(args: argparse.Namespace) -> ServerURL | None:
     if args.url is not None:
-        return None if args.url.strip().lower() == LOCAL else resolve(None, {URL_ENV: args.url})
+        return from_option(args.url, "--url")
     return None if args.root is not None else resolve(None)
 
 

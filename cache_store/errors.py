@@ -42,6 +42,10 @@ class InvalidEntryError(CacheError, ValueError):
     """An entry that must not be committed: non-finite or zero vectors, NaN latents, inconsistent shapes."""
 
 
+class CacheArgumentError(CacheError, TypeError):
+    """A public call given an argument of the wrong type; the message names the argument and what it takes."""
+
+
 class CacheUnavailableError(CacheError):
     """The cache server cannot be reached (down, restarting, refusing the credentials): lookups are misses.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from . import latents as lat
+from .arguments import check_prompt
 from .errors import CacheError, EntryTooLargeError, InvalidEntryError
 from .naming import encodable_text
 from .types import EmbeddedEntities
@@ -26,7 +27,7 @@ def prepare_entry(prompt: str, entities: EmbeddedEntities, fingerprint: str, lat
     if not tensors:
         raise InvalidEntryError("an entry needs at least one latent tensor")
     rows = [(e.text, e.kind, e.role, e.head, e.core) for e in entities.entities]
-    record = check_record(encodable_text(prompt or ""), rows,
+    record = check_record(encodable_text(check_prompt(prompt)), rows,
                           entities.vectors, entities.embedder, fingerprint, tensors, sigmas, shape, meta)
     payload = {"prompt": record.prompt, "fingerprint": record.fingerprint, "shape": list(record.shape),
                "dtype": record.dtype, "sigmas": list(record.sigmas), "embedder": record.embedder,

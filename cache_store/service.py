@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from . import arguments as args
 from .backend import CacheBackend
 from .config import DEFAULT_SERVER_TIMEOUT_S, StoreConfig
 from .errors import CacheError, CacheUnavailableError
@@ -97,13 +98,14 @@ class ChaiCache:
 
     def embed_prompt(self, prompt: str, embedder: Any = None) -> EmbeddedEntities:
         """Extract a prompt's entities and embed them (no entities gives an empty result, not an error)."""
-        entities = self.extractor.extract(encodable_text(prompt or ""))
+        entities = self.extractor.extract(encodable_text(args.check_prompt(prompt)))
         return self.embed_entities(entities, embedder)
 
     def embed_entities(self, entities: Sequence[Any], embedder: Any = None) -> EmbeddedEntities:
         """Embed already-extracted entities."""
         import numpy as np
 
+        entities = args.check_entity_list(entities)
         emb = embedder or self.embedder
         # Vectors of what each thing is (its core: "sports car" for "red sports car"), so looks do not count.
         vectors = emb.embed([e.identity for e in entities]) if entities else np.zeros((0, emb.dim), np.float32)
@@ -112,7 +114,9 @@ class ChaiCache:
     def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int],
                threshold: float | None = None) -> LookupResult:
         """Store lookup that turns a damaged manifest into a miss with a repair hint instead of a traceback."""
-        rule = self.rule(threshold)
+        entities, fingerprint = args.check_entities(entities), args.check_fingerprint(fingerprint)
+        shape = args.check_shape(shape)
+        rule = self.rule(args.check_threshold(threshold))
         try:
             return self.store.lookup(entities, fingerprint, shape, rule)
         except CacheUnavailableError as exc:  # a server restarting: a miss that says so
@@ -126,6 +130,9 @@ class ChaiCache:
               sigmas: Sequence[float], shape: Sequence[int] | None = None,
               meta: Mapping[str, Any] | None = None) -> WriteResult:
         """Insert a full run's donor latents; a prompt without entities is reported, not raised."""
+        prompt, entities = args.check_prompt(prompt), args.check_entities(entities)
+        fingerprint, latents = args.check_fingerprint(fingerprint), args.check_latents(latents)
+        sigmas, shape, meta = args.check_sigmas(sigmas), args.check_optional_shape(shape), args.check_meta(meta)
         t0 = time.perf_counter()
         try:
             result = self.store.insert(prompt, entities, fingerprint, latents, sigmas, shape=shape, meta=meta)

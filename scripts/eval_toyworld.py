@@ -1,6 +1,6 @@
 """Score a trained toy-world model: generate the held-out (or training) combinations and read them back.
 
-    python scripts/eval_toyworld.py WEIGHTS.safetensors --steps 30 --cfg 4 --limit 90 --png grid.png
+    python scripts/eval_toyworld.py WEIGHTS.safetensors --steps 30 --limit 90 --png grid.png   # at cfg 2, the default
 
 Prints the detector accuracy (scene, object, colour, motion, all together) and optionally writes a PNG grid
 (one row per clip: the frames side by side, the prompt in the JSON) and a JSON with every prompt and detection.

@@ -79,3 +79,12 @@ def test_a_missing_driver_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "psycopg", None)
     with pytest.raises(CacheError, match=r"pip install 'psycopg\[binary\]>=3.1'"):
         PgDb(ServerURL("postgresql://db/x", "CHAI_CACHE_URL"), "chai_default")
+
+
+def test_a_bad_url_option_is_blamed_on_the_option_not_the_environment(capsys, monkeypatch):
+    from comfyui_chai.cache_store.cli import main
+
+    monkeypatch.delenv("CHAI_CACHE_URL", raising=False)
+    assert main(["--url", "mysql://chai@db/chai", "--name", "default", "stats"]) == 2
+    err = capsys.readouterr().err
+    assert "cache server URL from --url must start with postgresql://" in err and "CHAI_CACHE_URL" not in err

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from comfyui_chai.cache_store.entities.embedders import FunctionEmbedder
-from comfyui_chai.cache_store.errors import CacheNameError
+from comfyui_chai.cache_store.errors import CacheError, CacheNameError
 from comfyui_chai.cache_store.service import ChaiCache, close_all, open_cache
 from store_helpers import SIGMAS, latents
 
@@ -89,6 +89,44 @@ def test_non_english_and_huge_prompts_do_not_raise(cache):
         e = cache.embed_prompt(prompt)
         assert e.vectors.shape == (len(e), cache.embedder.dim)
         cache.lookup(e, FP, SHAPE)
+
+
+WRONG_CALLS = {  # argument the message must name -> a call with a wrong type in it
+    "prompt (bytes) to embed_prompt": ("prompt", lambda c, e: c.embed_prompt(b"a dog")),
+    "prompt (int) to embed_prompt": ("prompt", lambda c, e: c.embed_prompt(7)),
+    "prompt (bytes) to write": ("prompt", lambda c, e: c.write(b"a dog", e, FP, latents(1), SIGMAS)),
+    "prompt (int) to write": ("prompt", lambda c, e: c.write(7, e, FP, latents(1), SIGMAS)),
+    "numpy latents": ("latents", lambda c, e: c.write("dog", e, FP, {"x": np.zeros(SHAPE, np.float32)}, SIGMAS)),
+    "None latents": ("latents", lambda c, e: c.write("dog", e, FP, None, SIGMAS)),
+    "None latent": ("latents", lambda c, e: c.write("dog", e, FP, {"x": None}, SIGMAS)),
+    "None fingerprint to write": ("fingerprint", lambda c, e: c.write("dog", e, None, latents(1), SIGMAS)),
+    "None fingerprint to lookup": ("fingerprint", lambda c, e: c.lookup(e, None, SHAPE)),
+    "None shape to lookup": ("shape", lambda c, e: c.lookup(e, FP, None)),
+    "None entities to lookup": ("entities", lambda c, e: c.lookup(None, FP, SHAPE)),
+    "None entities to write": ("entities", lambda c, e: c.write("dog", None, FP, latents(1), SIGMAS)),
+    "None entities to embed_entities": ("entities", lambda c, e: c.embed_entities(None)),
+    "str threshold": ("threshold", lambda c, e: c.lookup(e, FP, SHAPE, threshold="high")),
+}
+
+
+@pytest.mark.parametrize("call", list(WRONG_CALLS), ids=list(WRONG_CALLS))
+def test_wrong_types_fail_at_the_entry_naming_the_argument(cache, call):
+    argument, wrong = WRONG_CALLS[call]
+    e = cache.embed_prompt("a dog on a beach")
+    assert cache.write("dog on a beach", e, FP, latents(1), SIGMAS).stored  # so lookup reaches the entries
+    with pytest.raises((CacheError, TypeError), match=rf"\b{argument}\b") as raised:
+        wrong(cache, e)
+    assert not isinstance(raised.value, AttributeError)
+    assert cache.store.stats().entries == 1  # nothing half-written
+
+
+def test_one_prompt_length_limit_for_embedding_and_storing(cache):
+    huge = "a dog on a beach " * 60_000  # about 1 MB
+    with pytest.raises(CacheError, match="prompt is 1,020,000 characters"):
+        cache.embed_prompt(huge)
+    with pytest.raises(CacheError, match="prompt is 1,020,000 characters"):
+        cache.write(huge, cache.embed_prompt("a dog on a beach"), FP, latents(1), SIGMAS)
+    assert cache.store.stats().entries == 0
 
 
 def test_another_embedder_is_a_miss_with_reason(cache):

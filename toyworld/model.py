@@ -8,13 +8,15 @@ the plain shifted schedule with `DEFAULT_SHIFT`, passed to samplers explicitly.
 """
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
-from ..opensora.loading import load_stdit3
+from ..opensora.loading import CheckpointError, load_stdit3
 from ..opensora.stdit3 import STDiT3Config
 from .latent import LATENT_CHANNELS
 from .text import ToyTextEncoder
@@ -125,6 +127,12 @@ def load_toy_model(path: str | Path | None = None, device: str | torch.device = 
     path = Path(path) if path is not None else default_weights()
     if not path.is_file():
         raise FileNotFoundError(f"toy-world weights not found at {path}; train them with "
-                                f"`python scripts/train_toyworld.py --out DIR --minutes 95` or restore the file "
-                                f"from the repository")
-    return load_stdit3(path, device=device)
+                                f"`python scripts/train_toyworld.py --out DIR --steps 12500 --threads 2` (about an "
+                                f"hour on 2 CPU cores; README, Training) or restore the file from the repository")
+    try:
+        return load_stdit3(path, device=device)
+    except CheckpointError:
+        raise
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError, SafetensorError) as exc:
+        raise CheckpointError(f"{path} is not a readable STDiT3 checkpoint ({str(exc)[:200]}); give a "
+                              f".safetensors file that scripts/train_toyworld.py wrote") from exc

@@ -106,7 +106,17 @@ def summary_rows(requests: Sequence[Request]) -> tuple[list[list[object]], dict[
 def summary_text(requests: Iterable[Request]) -> str:
     """The per-mode table and the hit-rate / speed-up line (without the wall time of the whole run)."""
     requests = list(requests)
+    if not requests:
+        return "no requests were served"
     rows, stats = summary_rows(requests)
+    hits = sum(r.mode == "fast" for r in requests)
+    took = f"the stream took {sum(r.seconds for r in requests):.1f} s"
+    if hits == 0:
+        speed = "no hits, so no speed-up to report (a later run with --keep reuses what this one stored)"
+    elif hits == len(requests):
+        speed = f"no misses, so no hit-vs-miss speed-up to compare (hits took {stats['fast']:.2f} s each)"
+    else:
+        speed = f"a hit is {stats['per_hit']:.2f}x faster than a miss"
+        took += f", {stats['stream']:.2f}x faster than all misses"
     return (table(["requests", "n", "mean s", "read back right"], rows)
-            + f"\n\nhit rate {100 * stats['hit_rate']:.0f}%; a hit is {stats['per_hit']:.2f}x faster than a miss; "
-            f"the stream took {sum(r.seconds for r in requests):.1f} s, {stats['stream']:.2f}x faster than all misses")
+            + f"\n\nhit rate {100 * stats['hit_rate']:.0f}%; {speed}; {took}")

@@ -117,6 +117,12 @@ def _check(url: str, source: str) -> ServerURL:
     return ServerURL(url, source)
 
 
+def from_option(value: str, option: str) -> ServerURL | None:
+    """A URL given on a command line (errors name `option`, e.g. --url), or None for 'local'."""
+    value = value.strip()
+    return None if value.lower() in ("", LOCAL) else _check(value, option)
+
+
 def resolve(node_value: str | None = None, environ: dict[str, str] | None = None) -> ServerURL | None:
     """The server a cache uses, or None for the local folder (see the module docstring for the order)."""
     env = os.environ if environ is None else environ
