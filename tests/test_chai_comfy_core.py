@@ -310,6 +310,14 @@ class _TruncatingClip:
         return {"t5xxl": [batch]} if return_word_ids else {"t5xxl": [[t[:2] for t in batch]]}
 
 
+class _OneWordIdClip(_TruncatingClip):
+    """A tokenizer like ComfyUI's T5 ones: every token has word id 1, so the ids say nothing about what is kept."""
+
+    def tokenize(self, text, return_word_ids=False):
+        batch = [(100 + i, 1.0, 1) for i in range(len(text.split()) * 2)] + [(1, 1.0, 0)]
+        return {"t5xxl": [batch]} if return_word_ids else {"t5xxl": [[t[:2] for t in batch]]}
+
+
 class _NoWordIdsClip:
     def tokenize(self, text, **kwargs):
         raise TypeError("tokenize() got an unexpected keyword argument 'return_word_ids'")
@@ -325,3 +333,5 @@ def test_entities_come_from_the_words_the_text_encoder_keeps():
     # An encoder that keeps every word, or cannot say what it keeps: the whole prompt.
     assert kept_prompt(_TruncatingClip(None), prompt) == (prompt, total, total)
     assert kept_prompt(_NoWordIdsClip(), "a dog") == ("a dog", 2, 2)
+    sentence = "A golden retriever running along a sunny beach at sunset"
+    assert kept_prompt(_OneWordIdClip(None), sentence) == (sentence, 10, 10)

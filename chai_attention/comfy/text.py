@@ -49,11 +49,18 @@ def _word_ids(tokens: Any) -> list[int]:
     return ids
 
 
+_PROBE = "red green blue"
+
+
 def kept_prompt(clip: Any, prompt: str) -> tuple[str, int, int]:
     """(the start of `prompt` the encoder conditions on, words kept, words in the prompt): asked of the CLIP's
     tokenizer (the highest word id it returns); the whole prompt when it keeps every word or cannot say."""
     words = prompt.split()
     try:
+        # Some tokenizers (ComfyUI's T5 ones) give every token word id 1: only one that numbers a probe's three
+        # words 1..3 can say how many words it kept.
+        if max(_word_ids(clip.tokenize(_PROBE, return_word_ids=True)), default=0) != len(_PROBE.split()):
+            return prompt, len(words), len(words)
         ids = _word_ids(clip.tokenize(prompt, return_word_ids=True))
     except Exception:  # a tokenizer without word ids: it cannot say what it keeps
         return prompt, len(words), len(words)
