@@ -35,7 +35,7 @@ def prepare_entry(prompt: str, entities: EmbeddedEntities, fingerprint: str, lat
     return record, lat.encode_entry(tensors, record.vectors, payload)
 
 
-def _storable(text: object) -> object:
+def _storable(text: str) -> str:
     """An entity text as every backend stores it (NUL and lone surrogates as U+FFFD); non-text is left to
     validation."""
     return encodable_text(text) if isinstance(text, str) else text
