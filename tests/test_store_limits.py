@@ -154,3 +154,18 @@ def test_a_server_quarantine_is_counted_and_emptied_when_asked(opener):
         assert s.stats().quarantine_files == 1
         assert s.empty_quarantine() == (1, 5)
         assert s.stats().quarantine_files == 0
+
+
+def test_a_full_server_disk_is_said_so_and_not_taken_for_an_unreachable_server(opener, monkeypatch):
+    if opener.kind != "server":
+        pytest.skip("the folder's full disk is tested above")
+    psycopg = pytest.importorskip("psycopg")
+    cache = ChaiCache(opener.tmp / "w", server=opener.server(), name=opener.prefix + "-full")
+
+    def full(*a, **k):
+        raise cache.store.db._translate(psycopg.errors.DiskFull("could not extend file: No space left on device"))
+
+    monkeypatch.setattr(cache.store, "insert", full)
+    written = cache.write("a dog", ents("dog"), FP, latents(1), SIGMAS)
+    assert not written.stored and "disk is full" in written.reason and "unreachable" not in written.reason
+    cache.close()
