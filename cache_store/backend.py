@@ -73,6 +73,9 @@ class CacheBackend(Protocol):
     def clear(self) -> int:
         """Remove every entry; return how many."""
 
+    def empty_quarantine(self) -> tuple[int, int]:
+        """Delete what was set aside (quarantine); return the (files, bytes) removed."""
+
     def verify(self) -> VerifyReport:
         """Every problem found, changing nothing."""
 

@@ -9,6 +9,7 @@ import sqlite3
 import sys
 from pathlib import Path
 
+from .backend import CacheBackend
 from .cli_checks import READ_ONLY, printable
 from .config import StoreConfig, budget_from_gb
 from .errors import CacheError
@@ -42,8 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--yes", action="store_true", help="confirm")
     sub.add_parser("verify", help="check manifest, every latent file and the index; read-only, changes nothing; "
                                   "exit status 1 when it lists problems")
-    sub.add_parser("repair", help="verify, then fix and report each action (rebuild a damaged manifest, drop "
-                                  "entries whose files are bad, adopt or quarantine stray files, rebuild the index)")
+    rp = sub.add_parser("repair", help="verify, then fix and report each action (rebuild a damaged manifest, drop "
+                                       "entries whose files are bad, adopt or quarantine stray files, rebuild the "
+                                       "index)")
+    for cmd in (cl, rp):
+        cmd.add_argument("--quarantine", action="store_true",
+                         help="also empty the quarantine afterwards (default: keep it, it is evidence)")
     return p
 
 
@@ -91,10 +96,18 @@ def run(args: argparse.Namespace) -> str:
         if args.command == "clear":
             if not args.yes:
                 raise CacheError("clear deletes every entry of the cache: add --yes to confirm")
-            return f"removed {store.clear()} entries"
+            return f"removed {store.clear()} entries" + _emptied(store, args)
         report = store.repair()
         report.repaired[:0] = fixed
-        return report.report()
+        return report.report() + _emptied(store, args)
+
+
+def _emptied(store: CacheBackend, args: argparse.Namespace) -> str:
+    """Empty the quarantine when --quarantine asks for it, and say what went."""
+    if not args.quarantine:
+        return ""
+    files, size = store.empty_quarantine()
+    return f"\nemptied the quarantine: {files} file(s), {size / 1e6:.2f} MB"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import CacheEntryError, CacheWriteError
+from .errors import CacheEntryError, CacheWriteError, InvalidEntryError
 from .validate import EntryRecord, read_regular_file, record_from_file
 
 FILE_FORMAT = "chai-cache-entry/1"
@@ -85,6 +85,8 @@ def read_entry_bytes(path: Path) -> bytes:
     """An entry file's bytes; CacheEntryError when it is missing, unreadable or no regular file (a symlink)."""
     try:
         return read_regular_file(path)
+    except InvalidEntryError as exc:
+        raise CacheEntryError(f"latent file {path.name} is damaged ({exc})") from exc
     except OSError as exc:
         raise CacheEntryError(f"latent file {path.name} is missing, unreadable or not a regular file "
                               f"({exc.strerror or exc})") from exc
@@ -104,9 +106,10 @@ def tensors_verified(data: bytes, expected: str, what: str) -> dict[str, Any]:
     return tensors
 
 
-def read_entry_file(path: Path) -> tuple[EntryRecord, bytes]:
-    """The validated record a latent file carries and its bytes; InvalidEntryError or OSError otherwise."""
-    data = read_regular_file(path)
+def read_entry_file(path: Path, limit: int | None = None) -> tuple[EntryRecord, bytes]:
+    """The validated record a latent file carries and its bytes; InvalidEntryError or OSError otherwise (a file
+    over `limit` bytes, or whose header does not hold, is refused before it is read)."""
+    data = read_regular_file(path, limit)
     record, _ = record_from_file(data, VECTORS_KEY, FILE_FORMAT)
     return record, data
 

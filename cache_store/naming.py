@@ -37,9 +37,12 @@ def is_entry_file_name(name: str) -> bool:
 
 
 def encodable_text(text: str) -> str:
-    """`text` unchanged if it encodes as UTF-8, else with each lone surrogate replaced by U+FFFD."""
+    """`text` unchanged if it encodes as UTF-8 and holds no NUL, else with each lone surrogate and each NUL
+    replaced by U+FFFD (PostgreSQL refuses NUL in text: every backend stores the same replacement)."""
     try:
         text.encode("utf-8")
-        return text
+        if "\0" not in text:
+            return text
     except UnicodeEncodeError:
-        return "".join("\ufffd" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)
+        pass
+    return "".join("\ufffd" if ch == "\0" or 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)

@@ -26,7 +26,7 @@ def prepare_entry(prompt: str, entities: EmbeddedEntities, fingerprint: str, lat
     tensors = dict(latents)
     if not tensors:
         raise InvalidEntryError("an entry needs at least one latent tensor")
-    rows = [(e.text, e.kind, e.role, e.head, e.core) for e in entities.entities]
+    rows = [(_storable(e.text), e.kind, e.role, _storable(e.head), _storable(e.core)) for e in entities.entities]
     record = check_record(encodable_text(check_prompt(prompt)), rows,
                           entities.vectors, entities.embedder, fingerprint, tensors, sigmas, shape, meta)
     payload = {"prompt": record.prompt, "fingerprint": record.fingerprint, "shape": list(record.shape),
@@ -34,6 +34,12 @@ def prepare_entry(prompt: str, entities: EmbeddedEntities, fingerprint: str, lat
                "entities": [{"text": t, "kind": k, "role": r, "head": h, "core": c}
                             for t, k, r, h, c in record.entities], "extra": dict(record.extra)}
     return record, lat.encode_entry(tensors, record.vectors, payload)
+
+
+def _storable(text: str) -> str:
+    """An entity text as every backend stores it (NUL and lone surrogates as U+FFFD); non-text is left to
+    validation."""
+    return encodable_text(text) if isinstance(text, str) else text
 
 
 def check_fits(nbytes: int, budget: int) -> None:

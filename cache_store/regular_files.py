@@ -11,6 +11,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 _FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
           | getattr(os, "O_CLOEXEC", 0))
@@ -47,8 +48,10 @@ def is_regular(path: Path) -> bool:
         return False
 
 
-def read_bytes(path: Path) -> bytes:
-    """The bytes of a regular file; NotRegularFileError for anything else, FileNotFoundError when missing."""
+def read_bytes(path: Path, check: Callable[[BinaryIO, int], None] | None = None) -> bytes:
+    """The bytes of a regular file; NotRegularFileError for anything else, FileNotFoundError when missing.
+
+    `check(fh, size)` may judge the file from its size and first bytes and raise before it is read whole."""
     why = refusal(path)
     if why:
         raise NotRegularFileError(errno.EINVAL, why)
@@ -64,6 +67,9 @@ def read_bytes(path: Path) -> bytes:
             raise NotRegularFileError(errno.EINVAL, f"{Path(path).name} is {kind(info.st_mode)}, not a regular file")
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=False) as fh:
+            if check is not None:
+                check(fh, info.st_size)
+                fh.seek(0)
             return fh.read()
     finally:
         os.close(fd)

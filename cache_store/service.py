@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from . import arguments as args
 from .backend import CacheBackend
 from .config import DEFAULT_SERVER_TIMEOUT_S, StoreConfig
-from .errors import CacheError, CacheUnavailableError
+from .errors import CacheError, CacheUnavailableError, CacheWriteError, ManifestError
 from .lookup.rule import HitRule
 from .naming import cache_dir, encodable_text
 from .open_store import open_store
@@ -138,7 +138,8 @@ class ChaiCache:
             result = self.store.insert(prompt, entities, fingerprint, latents, sigmas, shape=shape, meta=meta)
         except NothingToStoreError as exc:
             return WriteResult(False, str(exc))
-        except CacheUnavailableError as exc:  # the generation is fine; only the cache could not take it
+        except (CacheUnavailableError, CacheWriteError, ManifestError) as exc:  # a full disk, a server away: the
+            # generation is fine; only the cache could not take it
             log.warning("[CHAI] cache write skipped: %s", exc)
             return WriteResult(False, str(exc))
         evicted = f", evicted {len(result.evicted)}" if result.evicted else ""

@@ -120,6 +120,8 @@ class StoreStats:
     format_version: int
     total_hits: int
     index_backend: str
+    quarantine_files: int = 0   # what repair or open set aside (quarantine/, or the server's quarantine table)
+    quarantine_bytes: int = 0
 
     def report(self) -> str:
         """Multi-line summary for the CLI and the stats node."""
@@ -130,6 +132,8 @@ class StoreStats:
             f"latent bytes: {self.bytes / 1e6:.2f} MB of {self.budget_bytes / 1e6:.2f} MB budget ({used:.1f}%)",
             f"policy: {self.policy}  embedder: {self.embedder or '(none yet)'}",
             f"hits served: {self.total_hits}  generation: {self.generation}  format: v{self.format_version}",
+            f"quarantine: {self.quarantine_files} file(s), {self.quarantine_bytes / 1e6:.2f} MB (not in the budget; "
+            "clear/repair --quarantine empties it)",
         ])
 
 

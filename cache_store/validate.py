@@ -11,7 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -143,9 +143,32 @@ def check_record(prompt: object, entities: Sequence[Sequence[str]], vectors: Any
         shape=dims, dtype=dtype, sigmas=check_sigmas(sigmas), tensors=tuple(sorted(tensors)), extra=extra_json)
 
 
-def read_regular_file(path: Path) -> bytes:
-    """Bytes of a regular file, refusing links, folders, FIFOs and devices without blocking (OSError otherwise)."""
-    return regular_files.read_bytes(path)
+MAX_HEADER = 100_000_000  # bytes of a safetensors JSON header (safetensors' own limit)
+
+
+def safetensors_head(limit: int | None) -> Callable[[BinaryIO, int], None]:
+    """A check of a file's size and safetensors header (8-byte little-endian length, then JSON whose tensors end
+    exactly at the end of the file), so that a file no entry could be is refused before it is read whole."""
+    def check(fh: BinaryIO, size: int) -> None:
+        if limit is not None and size > limit:
+            raise InvalidEntryError(f"it is {size} bytes, larger than any entry of this cache can be ({limit})")
+        n = int.from_bytes(fh.read(8), "little") if size >= 8 else 0
+        if not 2 <= n <= min(size - 8, MAX_HEADER):
+            raise InvalidEntryError(f"not a safetensors file (header length {n} in a file of {size} bytes)")
+        try:
+            header = json.loads(fh.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except Exception as exc:  # json, key and type errors: the same verdict
+            raise InvalidEntryError(f"not a safetensors file (unreadable header: {type(exc).__name__})") from exc
+        if 8 + n + end != size:
+            raise InvalidEntryError(f"its safetensors header describes {8 + n + end} bytes, the file has {size}")
+    return check
+
+
+def read_regular_file(path: Path, limit: int | None = None) -> bytes:
+    """Bytes of a regular file, refusing links, folders, FIFOs and devices without blocking (OSError otherwise);
+    a file larger than `limit` or without a consistent safetensors header is refused unread (InvalidEntryError)."""
+    return regular_files.read_bytes(path, safetensors_head(limit))
 
 
 def record_from_file(data: bytes, vectors_key: str, file_format: str) -> tuple[EntryRecord, dict[str, Any]]:

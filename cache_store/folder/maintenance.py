@@ -20,7 +20,7 @@ from ..validate import UNIT_TOLERANCE
 from .layout import INDEX_DIR, LATENT_DIR
 from .manifest import MANIFEST_NAME, Manifest
 from .recovery import adopt_unlisted, quarantine, rebuild_manifest, sweep_temporaries
-from .rows import delete_entries, policy_in, recount_bytes, victims
+from .rows import delete_entries, policy_in, recount_bytes, stored_setting, victims
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +36,18 @@ def _age(path: Path) -> float:
         return 0.0  # renamed into place meanwhile
 
 
+def _size(row: dict) -> int | None:
+    """The size a row says its file has (None when the row is malformed)."""
+    return row["nbytes"] if isinstance(row["nbytes"], int) else None
+
+
 def _file_problem(latent_dir: Path, row: dict) -> str | None:
     """Why an entry's file cannot serve it, or None when it is intact and matches its row."""
     name = row["file"]
     if not is_entry_file_name(name):
         return f"invalid file name {name!r} in the manifest"
     try:
-        record, data = lat.read_entry_file(latent_dir / name)
+        record, data = lat.read_entry_file(latent_dir / name, _size(row))
     except OSError as exc:
         return f"latent file {name} is missing or not a regular file ({exc.strerror or exc})"
     except CacheError as exc:
@@ -55,9 +60,9 @@ def _file_problem(latent_dir: Path, row: dict) -> str | None:
     return None
 
 
-def _unlisted_problem(latent_dir: Path, name: str) -> str:
+def _unlisted_problem(latent_dir: Path, name: str, limit: int | None = None) -> str:
     try:
-        lat.read_entry_file(latent_dir / name)
+        lat.read_entry_file(latent_dir / name, limit)
     except (OSError, CacheError) as exc:
         return f"{name} is not in the manifest and is unusable ({exc}): open or repair quarantines it"
     return f"{name} is not in the manifest: open or repair adopts it"
@@ -83,7 +88,8 @@ def _check_manifest(manifest: Manifest, latent_dir: Path, index_dir: Path, repor
     scanned = [p.name for p in sorted(latent_dir.iterdir()) if is_entry_file_name(p.name)]
     bad, unlisted = settled(manifest, latent_dir, bad, scanned)
     report.problems += [f"entry {row['id']}: {problem}" for row, problem in bad]
-    report.problems += [_unlisted_problem(latent_dir, name) for name in unlisted]
+    limit = stored_setting("budget_bytes", manifest.meta("budget_bytes"))
+    report.problems += [_unlisted_problem(latent_dir, name, limit) for name in unlisted]
     counted, counter = manifest.query("SELECT (SELECT COALESCE(SUM(nbytes), 0) FROM entries), "
                                       "(SELECT value FROM meta WHERE key = 'total_bytes')")[0]  # one snapshot
     if int(counter or 0) != counted:
@@ -221,6 +227,7 @@ def repair(manifest: Manifest, root: Path, keeper: IndexKeeper, on_open: list[st
 def _drop_bad_entries(manifest: Manifest, root: Path, report: VerifyReport) -> None:
     latent_dir = root / LATENT_DIR
     rows = [dict(r) for r in manifest.query("SELECT id, prompt, file, nbytes, checksum, shape, dtype FROM entries")]
+    budget = stored_setting("budget_bytes", manifest.meta("budget_bytes"))
     for row in rows:
         problem = _file_problem(latent_dir, row)
         if problem is None:
@@ -231,7 +238,7 @@ def _drop_bad_entries(manifest: Manifest, root: Path, report: VerifyReport) -> N
         moved = ""
         if is_entry_file_name(row["file"]) and (path.exists() or path.is_symlink()):
             try:
-                _, data = lat.read_entry_file(path)
+                _, data = lat.read_entry_file(path, budget)  # the row may be what is wrong: judge by the budget
                 if lat.checksum(data) != row["checksum"]:
                     raise CacheError("the file's bytes differ from what was committed")
                 moved = "; its file is intact and is adopted again"

@@ -101,6 +101,15 @@ def _v1_to_v2(cur: sqlite3.Cursor) -> None:
 # Migrations from older on-disk formats: {from_version: callable(cursor)}. Version 1 is the first release.
 _MIGRATIONS: dict[int, object] = {1: _v1_to_v2}
 
+def _remove_unfilled(path: Path) -> None:
+    """Remove a manifest this open created and could not fill (a full disk: no schema yet), -wal and -shm too."""
+    for part in (path, Path(str(path) + "-wal"), Path(str(path) + "-shm")):
+        try:
+            part.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 def _entry_from_row(row: sqlite3.Row, entities: Sequence[str] = ()) -> EntryInfo:
     return EntryInfo(
         id=row["id"], prompt=row["prompt"], entities=tuple(entities), fingerprint=row["fingerprint"],
@@ -127,6 +136,7 @@ class Manifest:
             why = regular_files.refusal(part)
             if why:  # SQLite would block reading a FIFO, or write through a link out of the cache
                 raise ManifestDamagedError(f"cannot open the cache manifest {path}: {why}")
+        created = not readonly and not path.exists()
         try:
             if readonly:
                 # immutable when no -wal exists: a read-only open must not create -wal/-shm files either
@@ -151,6 +161,10 @@ class Manifest:
                 self._check_readable()
         except sqlite3.DatabaseError as exc:
             self.conn.close()
+            if "full" in str(exc).lower():  # a full disk is no damage: say so, and rebuild nothing over it
+                if created:
+                    _remove_unfilled(path)
+                raise ManifestError(f"cannot open the cache manifest {path}: {advice(exc)}") from exc
             raise ManifestDamagedError(f"cache manifest {path} is unreadable: {exc}") from exc
         except Exception:
             self.conn.close()

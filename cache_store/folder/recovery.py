@@ -7,19 +7,22 @@ quarantine. No step deletes a latent file, so a kill at any point loses nothing 
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import shutil
+import sqlite3
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import latents as lat
-from ..errors import CacheError, ManifestDamagedError
+from ..errors import CacheError, ManifestDamagedError, ManifestError
 from ..naming import is_entry_file_name
 from ..validate import EntryRecord
 from .manifest import MANIFEST_NAME, Manifest
-from .rows import insert_entry, recount_bytes
+from .rows import insert_entry, recount_bytes, stored_setting
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,10 @@ def quarantine(root: Path, path: Path, reason: str) -> Path:
     target_dir = own_quarantine(root)
     target = target_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}-{path.name}"
     os.replace(path, target)
-    (target_dir / (target.name + ".reason.txt")).write_text(reason + "\n", encoding="utf-8")
+    try:
+        (target_dir / (target.name + ".reason.txt")).write_text(reason + "\n", encoding="utf-8")
+    except OSError as exc:  # a full disk: the move (a rename) stands, its reason goes to the log only
+        log.warning("[CHAI] could not write the reason file for %s (%s)", target.name, exc)
     lat.fsync_dir(target_dir)
     log.warning("[CHAI] moved %s to %s: %s", path.name, target, reason)
     return target
@@ -66,6 +72,33 @@ def own_quarantine(root: Path) -> Path:
     return target_dir
 
 
+def quarantine_size(root: Path) -> tuple[int, int]:
+    """(things set aside, bytes of everything) in root/quarantine: a reason file is not counted as a thing;
+    links are counted, never followed."""
+    top = root / QUARANTINE_DIR
+    if not top.is_dir() or top.is_symlink():
+        return 0, 0
+    files = sum(not name.endswith(".reason.txt") for name in os.listdir(top))
+    size = 0
+    for dirpath, dirnames, names in os.walk(top):
+        for name in names + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            size += os.lstat(os.path.join(dirpath, name)).st_size
+    return files, size
+
+
+def empty_quarantine(root: Path) -> tuple[int, int]:
+    """Delete everything in root/quarantine (never following a link); return the (files, bytes) removed."""
+    gone = quarantine_size(root)
+    target = own_quarantine(root)
+    for path in list(target.iterdir()):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    log.warning("[CHAI] emptied %s: %d file(s), %d bytes", target, *gone)
+    return gone
+
+
 def sweep_temporaries(root: Path, latent_dir: Path, index_dir: Path) -> list[str]:
     """Remove what interrupted writes left: temp latents, temp index files, abandoned manifest rebuilds."""
     gone = []
@@ -79,9 +112,10 @@ def sweep_temporaries(root: Path, latent_dir: Path, index_dir: Path) -> list[str
     return gone
 
 
-def _validate_file(path: Path, embedder: str | None, dim: int | None) -> tuple[EntryRecord, bytes]:
+def _validate_file(path: Path, embedder: str | None, dim: int | None,
+                   limit: int | None) -> tuple[EntryRecord, bytes]:
     """An adoptable file's record and bytes; CacheError/OSError naming the reason otherwise."""
-    record, data = lat.read_entry_file(path)
+    record, data = lat.read_entry_file(path, limit)
     if embedder is not None and record.embedder != embedder:
         raise CacheError(f"made with embedder {record.embedder!r}, the cache holds {embedder!r}")
     if dim is not None and record.vectors.shape[1] != dim:
@@ -113,11 +147,12 @@ def adopt_files(manifest: Manifest, root: Path, latent_dir: Path, names: list[st
     """Validate files and add the intact ones in one transaction; quarantine the others with their reason."""
     embedder, dim_text = manifest.meta("embedder"), manifest.meta("dim")
     dim = int(dim_text) if dim_text and dim_text.isdigit() else None
+    limit = stored_setting("budget_bytes", manifest.meta("budget_bytes"))  # no entry is larger (None: rebuilt)
     good: list[tuple[str, EntryRecord, bytes]] = []
     for name in names:
         path = latent_dir / name
         try:
-            record, data = _validate_file(path, embedder, dim)
+            record, data = _validate_file(path, embedder, dim, limit)
         except (CacheError, OSError) as exc:
             try:
                 quarantine(root, path, f"{name}: {exc}")
@@ -142,16 +177,23 @@ def rebuild_manifest(root: Path, latent_dir: Path, reason: str) -> RecoveryLog:
     log.warning("[CHAI] rebuilding the cache manifest in %s from its latent files (%s)", root, reason)
     log_ = RecoveryLog(notes=[f"rebuilt the manifest from the latent files ({reason})"])
     tmp = root / f"{REBUILD_PREFIX}{uuid.uuid4().hex}.sqlite"
-    fresh = Manifest(tmp)
     try:
-        names = sorted((p for p in latent_dir.iterdir() if is_entry_file_name(p.name)),
-                       key=lambda p: p.lstat().st_mtime)
-        adopt_files(fresh, root, latent_dir, [p.name for p in names], log_)
-        fresh.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    finally:
-        fresh.close()
-    for suffix in ("-wal", "-shm"):
-        Path(str(tmp) + suffix).unlink(missing_ok=True)
+        fresh = Manifest(tmp)
+        try:
+            names = sorted((p for p in latent_dir.iterdir() if is_entry_file_name(p.name)),
+                           key=lambda p: p.lstat().st_mtime)
+            adopt_files(fresh, root, latent_dir, [p.name for p in names], log_)
+            fresh.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            fresh.close()
+    except (CacheError, OSError, sqlite3.Error) as exc:  # the old manifest stays where it is
+        _remove_rebuild(tmp, with_db=True)
+        if "full" in str(exc).lower() or getattr(exc, "errno", None) == errno.ENOSPC:
+            raise ManifestError(f"could not rebuild the cache manifest in {root} ({reason}): the disk holding "
+                                "the cache is full; free space and open it again (the old manifest is left in "
+                                "place)") from exc
+        raise
+    _remove_rebuild(tmp, with_db=False)
     for suffix in ("", "-wal", "-shm"):
         old = root / (MANIFEST_NAME + suffix)
         if os.path.lexists(old):  # a link or FIFO in its place too
@@ -159,6 +201,14 @@ def rebuild_manifest(root: Path, latent_dir: Path, reason: str) -> RecoveryLog:
     os.replace(tmp, root / MANIFEST_NAME)
     lat.fsync_dir(root)
     return log_
+
+
+def _remove_rebuild(tmp: Path, with_db: bool) -> None:
+    for suffix in ("", "-wal", "-shm") if with_db else ("-wal", "-shm"):
+        try:
+            Path(str(tmp) + suffix).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def open_manifest(root: Path, latent_dir: Path) -> tuple[Manifest, RecoveryLog]:

@@ -31,7 +31,8 @@ from .change_log import ManifestLog
 from .layout import INDEX_DIR, LATENT_DIR, LOCK_NAME
 from .lock_file import check_lock_file
 from .manifest import Manifest
-from .recovery import adopt_unlisted, open_manifest, quarantine, scan_latents, sweep_temporaries
+from .recovery import (adopt_unlisted, empty_quarantine, open_manifest, quarantine, quarantine_size, scan_latents,
+                       sweep_temporaries)
 from .rows import (compact_log, delete_entries, insert_entry, policy_in, recount_bytes, stored_embedder, stored_setting,
                    total_bytes, victims)
 
@@ -239,7 +240,13 @@ class CacheStore(StoreBase):
                           policy=stored_setting("policy", meta.get("policy")) or DEFAULT_POLICY,
                           embedder=meta.get("embedder"), generation=int(meta.get("generation", 0)),
                           format_version=int(meta.get("format_version", 0)), total_hits=hits,
-                          index_backend=index.backend if index is not None else "empty")
+                          index_backend=index.backend if index is not None else "empty",
+                          **dict(zip(("quarantine_files", "quarantine_bytes"), quarantine_size(self.root))))
+
+    def empty_quarantine(self) -> tuple[int, int]:
+        """Delete what open and repair set aside in quarantine/; return the (files, bytes) removed."""
+        with self._writer:
+            return empty_quarantine(self.root)
 
     def entries(self, limit: int | None = None) -> list[EntryInfo]:
         """Entries, most recently used first."""

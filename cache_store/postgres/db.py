@@ -92,6 +92,9 @@ class PgDb:
             return self.timed_out()
         if isinstance(exc, (pg.errors.QueryCanceled, pg.errors.LockNotAvailable)) and self.timeout_s is not None:
             return self.timed_out()
+        if isinstance(exc, pg.errors.DiskFull):  # SQLSTATE 53100: the server is up, its disk is not
+            return ManifestError(f"the cache server {self.server.label}'s disk is full ({self._message(exc)}): "
+                                 "free space on the server, or lower the budget with prune --budget-gb")
         if isinstance(exc, (pg.OperationalError, pg.InterfaceError)) and not isinstance(
                 exc, pg.errors.QueryCanceled):
             self._drop()

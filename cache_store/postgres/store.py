@@ -230,11 +230,22 @@ class PgCacheStore(StoreBase):
             budget, policy, embedder, generation = cur.fetchone()
             cur.execute("SELECT MAX(version) FROM schema_version")
             version = cur.fetchone()[0]
+            cur.execute("SELECT COUNT(*), COALESCE(SUM(octet_length(data)), 0) FROM quarantine")
+            q_files, q_bytes = cur.fetchone()
         index = self.keeper.index
         return StoreStats(root=self.root, entries=int(n), entities=int(n_ent), bytes=int(total),
                           budget_bytes=int(budget), policy=policy, embedder=embedder, generation=int(generation),
                           format_version=int(version), total_hits=int(hits),
-                          index_backend=index.backend if index is not None else "empty")
+                          index_backend=index.backend if index is not None else "empty",
+                          quarantine_files=int(q_files), quarantine_bytes=int(q_bytes))
+
+    def empty_quarantine(self) -> tuple[int, int]:
+        """Delete what repair and lookups set aside in the quarantine table; return the (rows, bytes) removed."""
+        self._open()
+        with self.db.write() as cur:
+            cur.execute("DELETE FROM quarantine RETURNING COALESCE(octet_length(data), 0)")
+            sizes = [int(r[0]) for r in cur.fetchall()]
+        return len(sizes), sum(sizes)
 
     def entries(self, limit: int | None = None) -> list[EntryInfo]:
         """Entries, most recently used first."""
