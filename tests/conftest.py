@@ -62,6 +62,18 @@ def pg_server():
     server.destroy()
 
 
+@pytest.fixture
+def own_server():
+    """A throwaway PostgreSQL server of the test's own, for tests that stop, freeze or restart it."""
+    from pg_server import PgServer, find_binaries
+
+    if find_binaries() is None:
+        pytest.skip("no PostgreSQL binaries (initdb, pg_ctl): install Debian's `postgresql` package")
+    server = PgServer.start()
+    yield server
+    server.destroy()
+
+
 @pytest.fixture(params=("folder", "server"))
 def opener(request, tmp_path):
     """Opens stores of each backend in turn (tests/store_backends.py): the same test runs on both."""

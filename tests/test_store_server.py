@@ -22,7 +22,7 @@ from comfyui_chai.cache_store.postgres.url import ServerURL
 from comfyui_chai.cache_store.service import ChaiCache
 from comfyui_chai.cache_store.lookup.rule import HitRule
 from farm_worker import parse_log
-from pg_server import CHAI_PASSWORD, PgServer, find_binaries
+from pg_server import CHAI_PASSWORD
 from store_helpers import PYTHON, REPO, SIGMAS, ents, latents, subprocess_env
 
 FP, SHAPE, THR = "model-a", (1, 4, 2, 4, 4), 0.8
@@ -209,15 +209,6 @@ def test_a_worker_killed_mid_insert_loses_nothing_committed_and_serves_nothing_c
 
 
 # ------------------------------------------------------------------------------------------ the server restarting
-@pytest.fixture
-def own_server():
-    if find_binaries() is None:
-        pytest.skip("no PostgreSQL binaries (initdb, pg_ctl): install Debian's `postgresql` package")
-    server = PgServer.start()
-    yield server
-    server.destroy()
-
-
 def test_a_server_restart_turns_into_misses_with_a_clear_report_then_the_cache_works_again(own_server, tmp_path,
                                                                                          caplog):
     url = ServerURL(own_server.url("chai", password=CHAI_PASSWORD), "CHAI_CACHE_URL")

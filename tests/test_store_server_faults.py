@@ -10,7 +10,7 @@ import pytest
 from comfyui_chai.cache_store.postgres.url import ServerURL
 from comfyui_chai.cache_store.service import ChaiCache
 from pg_faults import FP, SHAPE, THR, frozen, pg_worker, restore, restored_under_a_worker, served, snapshot
-from pg_server import CHAI_PASSWORD, PgServer, find_binaries
+from pg_server import CHAI_PASSWORD
 from store_helpers import SIGMAS, ents, latents
 
 
@@ -43,15 +43,6 @@ def test_a_fresh_worker_and_the_restored_schema_agree_after_the_rebuild(pg_serve
 
 
 # ------------------------------------------------------------------------------------------ a frozen server
-@pytest.fixture
-def own_server():
-    if find_binaries() is None:
-        pytest.skip("no PostgreSQL binaries (initdb, pg_ctl): install Debian's `postgresql` package")
-    server = PgServer.start()
-    yield server
-    server.destroy()
-
-
 def test_a_frozen_server_is_a_miss_within_the_timeout_not_a_hang(own_server, tmp_path):
     url = ServerURL(own_server.url("chai", password=CHAI_PASSWORD), "CHAI_CACHE_URL")
     cache = ChaiCache(tmp_path, server=url, name="frozen", server_timeout_s=2.0)

@@ -171,20 +171,7 @@ class PgDb:
 
     def ping(self) -> None:
         """Make sure the connection works before a write (a stale one after a server restart is replaced)."""
-        with self._lock:
-            pg = self.psycopg
-            for attempt in (0, 1):
-                conn = self.connection()
-                try:
-                    with self._deadline.around(conn, self.timeout_s):
-                        conn.execute("SELECT 1")
-                    return
-                except (pg.OperationalError, pg.InterfaceError) as exc:
-                    self._drop()
-                    if self._timed_out(exc):
-                        raise self.timed_out() from None
-                    if attempt:
-                        raise self.unavailable(exc) from None
+        self.query("SELECT 1")
 
     @contextlib.contextmanager
     def transaction(self, readonly: bool = False, snapshot: bool = False, binary: bool = False) -> Iterator[Any]:
