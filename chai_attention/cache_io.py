@@ -50,6 +50,8 @@ class MatchLike(Protocol):
 
     @property
     def similarity(self) -> float: ...
+    @property
+    def role(self) -> str: ...
 
 
 class FoundLike(Protocol):
@@ -192,7 +194,9 @@ def lookup_hit(cache: CacheLike, entities: PromptEntities, fingerprint: str, sha
     if result.entry is None:
         raise ValueError(f"the cache at {cache.root} reported a hit without its entry")
     matches = tuple((m.query, m.entity, float(m.similarity)) for m in result.matches)
-    found = replace(miss, entry_id=result.entry.id, donor_prompt=result.entry.prompt, matches=matches)
+    scene = any(getattr(m, "role", "") == "scene" for m in result.matches)
+    found = replace(miss, entry_id=result.entry.id, donor_prompt=result.entry.prompt, matches=matches,
+                    scene_match=scene)
     try:
         donors = DonorSet.from_lookup(result)
     except ValueError as exc:

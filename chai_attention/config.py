@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Sequence
 
-from .constants import APPLY_TO, DEFAULT_CACHE_STEPS, DONOR_MAPPINGS, KV_MODES
+from .constants import (APPLY_TO, CACHE_ATTENTION, DEFAULT_CACHE_STEPS, DEFAULT_RESTART_SIGMA, DONOR_MAPPINGS,
+                        KV_MODES, REUSE_MODES)
 
 
 def parse_cache_steps(value: str | int | Sequence[int] | None) -> tuple[int, ...]:
@@ -61,7 +62,9 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
 
 @dataclass(frozen=True)
 class ChaiConfig:
-    """How a CHAI run samples: full_steps on a miss, fast_steps with Cache Attention at cache_steps on a hit."""
+    """How a CHAI run samples: full_steps on a miss; on a hit fast_steps, reusing the donor per `reuse`: a restart
+    from its latent at restart_sigma, Cache Attention at cache_steps, or both (the dataclass keeps the paper's
+    Cache Attention as its default; the nodes default to a restart)."""
 
     full_steps: int = 30
     fast_steps: int = 8
@@ -69,6 +72,8 @@ class ChaiConfig:
     kv_mode: str = "replace"  # "replace": donor K/V only (the paper); "concat": own tokens plus donor tokens
     apply_to: str = "cond"  # "cond": only the conditional CFG half attends to the donor; "both": both halves
     donor_mapping: str = "matched_sigma"  # which donor latent serves a cache step (see steps.py)
+    reuse: str = CACHE_ATTENTION  # "restart", "cache_attention" or "both" (restart.py)
+    restart_sigma: float = DEFAULT_RESTART_SIGMA  # the noise level a restart starts at (a miss stores its latent there)
 
     def __post_init__(self) -> None:
         _positive_int("full_steps", self.full_steps)
@@ -77,6 +82,12 @@ class ChaiConfig:
         _choice("kv_mode", self.kv_mode, KV_MODES)
         _choice("apply_to", self.apply_to, APPLY_TO)
         _choice("donor_mapping", self.donor_mapping, DONOR_MAPPINGS)
+        _choice("reuse", self.reuse, REUSE_MODES)
+        sigma = self.restart_sigma
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not 0.0 < float(sigma) < 1.0:
+            raise ValueError(f"ChaiConfig.restart_sigma must be a noise level between 0 and 1 (0.8 is the lab's "
+                             f"default), got {sigma!r}")
+        object.__setattr__(self, "restart_sigma", float(sigma))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the fields."""

@@ -29,6 +29,8 @@ class ChaiReport:
     donor_entry: int | None = None
     reason: str = ""  # the miss reason (or why a hit could not be used); "shared entities" on a hit
     hit_unusable: bool = False  # the lookup hit, but the hit could not serve this run: it ran the full schedule
+    reuse: str = ""  # a hit: how it reused its donor ("restart", "cache_attention" or "both")
+    reuse_note: str = ""  # a hit: the restart point and why this mode, and the model evaluations it saved
     cache_steps: tuple[int, ...] = ()
     fired_steps: tuple[int, ...] = ()
     attention: str = ""
@@ -41,6 +43,8 @@ class ChaiReport:
         lines = [f"CHAI {self.mode} ({head}): {self.steps} steps",
                  f"entities: {', '.join(self.entities) or '(none)'}",
                  f"lookup: {self.lookup}"]
+        if self.reuse_note:
+            lines.append(f"reuse: {self.reuse_note}")
         if self.attention:
             lines.append(self.attention)
         if self.write:
@@ -104,6 +108,7 @@ class CacheHit:
     entry_id: int | None = None
     donor_prompt: str | None = None
     matches: tuple[tuple[str, str, float], ...] = ()  # (query entity, stored entity, similarity)
+    scene_match: bool = False  # one of the hit-carrying matches is the request's scene (a restart needs it)
     donors: DonorSet | None = None
     timings: dict[str, float] = field(default_factory=dict)
 

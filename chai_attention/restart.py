@@ -95,7 +95,7 @@ def renoise(origin_latent: Tensor, noise: Tensor, sigma: float) -> Tensor:
 
 def serves(origin_sigma: float, target: float, tolerance: float = START_TOLERANCE) -> bool:
     """Whether an origin stored at `origin_sigma` can serve a restart aimed at `target`."""
-    return abs(float(origin_sigma) - float(target)) <= tolerance
+    return abs(float(origin_sigma) - float(target)) <= tolerance + 1e-9
 
 
 __all__ = ["RestartSchedule", "restart_schedule", "capture_index", "started_from_noise", "origin", "renoise",

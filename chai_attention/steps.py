@@ -126,6 +126,13 @@ class CapturePlan:
     sigmas: tuple[float, ...]  # their sigmas (the schedule's values)
     final: bool = False  # also keep the sampler's output latent (sigma = the schedule's last value)
     final_sigma: float = 0.0
+    # A restart's origin (restart.py): the latent entering this step, less the noise entering step 0 (None: none)
+    origin_index: int | None = None
+    origin_sigma: float = 0.0
+
+    def wants(self, step: int) -> bool:
+        """Whether the latent entering 0-based `step` is kept (a donor, the origin's step, or the first step's noise)."""
+        return step in self.indices or (self.origin_index is not None and step in (0, self.origin_index))
 
     @property
     def count(self) -> int:

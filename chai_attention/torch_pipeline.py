@@ -1,8 +1,9 @@
 """The CHAI request path in plain torch (no ComfyUI): entities -> lookup -> sample (full or fast) -> write.
 
-A miss samples the full schedule and keeps the donor latents the fast schedule's cache steps will ask for, then
-stores them; a hit samples the fast schedule with Cache Attention at the cache steps, fed by the donor's
-latents (the lookup already refreshed the donor's recency; fast runs store nothing). CFG follows the reference
+A miss samples the full schedule and keeps the donor latents the fast schedule's cache steps will ask for and the
+restart origin, then stores them; a hit samples the fast schedule in its reuse mode (request.py): from the donor's
+origin re-noised with the request's noise (a restart), and/or with Cache Attention at the cache steps, fed by the
+donor's latents (the lookup already refreshed the donor's recency; fast runs store nothing). CFG follows the reference
 sampler: batched calls carry [cond; uncond] in that order, split calls are told apart by their text tensor.
 
 Cache Attention runs through the one mechanism every family uses (chai_attention.hooks): each model call goes
@@ -29,6 +30,7 @@ from .hooks import CacheAttentionWrapper, HookAdapter, with_block_patch
 from .identity import model_fingerprint
 from .payloads import ChaiReport, PromptEntities
 from .request import finish_fast, finish_full, plan_request, trace_for
+from .restart import renoise
 from .run import BATCHED_CFG, COND, UNCOND, CacheAttentionRun
 from .steps import as_sigmas
 
@@ -175,13 +177,18 @@ class ChaiPipeline:
         use_uncond = uncond if self.cfg != 1.0 else None
         t = time.perf_counter()
         donors, problem = None, ""
-        if plan.run is not None:
-            patched = PatchedModel(self.model, self.adapter, plan.run, y, self.batch_size)
+        if plan.hit:
+            x_start = noise if plan.restart is None else renoise(plan.restart.origin.to(noise.device), noise,
+                                                                 plan.restart.sigma)
+            model: Any = self.model
+            if plan.run is not None:
+                model = PatchedModel(self.model, self.adapter, plan.run, y, self.batch_size)
             try:
-                latent = opensora_sampler.sample(patched, noise, y, use_uncond, plan.sigmas, self.cfg, None, kwargs,
+                latent = opensora_sampler.sample(model, x_start, y, use_uncond, plan.sigmas, self.cfg, None, kwargs,
                                                  batched_cfg=self.batched_cfg)
             finally:
-                plan.run.release()
+                if plan.run is not None:
+                    plan.run.release()
             finish_fast(plan)
         else:
             capture = DonorCapture(plan.full_capture())
@@ -198,4 +205,4 @@ class ChaiPipeline:
         timings["write"] = time.perf_counter() - t
         timings["total"] = time.perf_counter() - start
         plan.report.timings = timings
-        return ChaiResult(latent, plan.report, donors if plan.run is None else hit.donors, plan.run)
+        return ChaiResult(latent, plan.report, hit.donors if plan.hit and hit is not None else donors, plan.run)

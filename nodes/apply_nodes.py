@@ -14,12 +14,13 @@ from comfy_api.latest import io
 
 from ..chai_attention.adapters import supported_families
 from ..chai_attention.comfy.apply import AppliedRun, chai_apply
-from ..chai_attention.constants import WAN22_BOUNDARY
+from ..chai_attention.constants import DEFAULT_RESTART_SIGMA, DEFAULT_REUSE, WAN22_BOUNDARY
 from ..chai_attention.payloads import CacheHit
 from ..chai_attention.status import sampler_status
 from .canvas import show
 from .errors import user_errors
-from .schedule_inputs import SAMPLERS, SCHEDULERS, chai_plan_inputs, schedule_inputs, validate_steps
+from .schedule_inputs import (SAMPLERS, SCHEDULERS, chai_plan_inputs, reuse_inputs, schedule_inputs,
+                              validate_steps)
 from .sockets import CATEGORY, CHAI_APPLIED, CHAI_TRACE
 from .widgets import combo
 
@@ -58,6 +59,8 @@ class Apply(io.ComfyNode):
                                               "holds the start image; connect it to the lookup too): a donor must "
                                               "come from the same image(s). With it, HunyuanVideo image-to-video "
                                               "(not supported) is refused before sampling."),
+                *reuse_inputs(" A restart hit gives the sampler its LATENT and start_at_step; a sampler given "
+                              "only SIGMAS or steps (a graph saved before restarts) is started there too."),
             ],
             outputs=[
                 io.Model.Output("patched_model", display_name="MODEL",
@@ -65,13 +68,20 @@ class Apply(io.ComfyNode):
                 io.Sigmas.Output("sigmas", display_name="SIGMAS",
                                  tooltip="The schedule to sample: fast on a hit, full on a miss."),
                 io.Int.Output("steps", display_name="steps",
-                              tooltip="Its step count, for KSampler / KSamplerAdvanced 'steps'."),
+                              tooltip="KSampler / KSamplerAdvanced 'steps': the schedule's step count (a restart "
+                                      "hit: the schedule whose steps from start_at_step on are SIGMAS)."),
                 io.Int.Output("switch_step", display_name="switch_step",
                               tooltip="Wan 2.2 A14B two-sampler graph: the first step of the low-noise expert "
                                       "(end_at_step of the first KSamplerAdvanced, start_at_step of the second)."),
                 CHAI_APPLIED.Output("chai", display_name="chai",
                                     tooltip="This request's CHAI state; connect to CHAI Apply Trace."),
                 io.String.Output("report", display_name="report", tooltip="Hit or miss, steps, why."),
+                io.Latent.Output("latent_out", display_name="LATENT",
+                                 tooltip="The LATENT your sampler starts from: on a restart hit the donor's latent "
+                                         "(the sampler adds this seed's noise at the restart sigma: keep add_noise "
+                                         "enabled), otherwise the input LATENT unchanged."),
+                io.Int.Output("start_at_step", display_name="start_at_step",
+                              tooltip="KSamplerAdvanced 'start_at_step' (a restart hit starts part-way; else 0)."),
             ],
         )
 
@@ -83,29 +93,36 @@ class Apply(io.ComfyNode):
     @classmethod
     def execute(cls, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,
                 cache_steps: str, kv_mode: str, apply_to: str, hit: CacheHit | None = None, model_2: Any = None,
-                boundary: float = WAN22_BOUNDARY, positive: Any = None) -> io.NodeOutput:
+                boundary: float = WAN22_BOUNDARY, positive: Any = None, reuse: str = DEFAULT_REUSE,
+                restart_sigma: float = DEFAULT_RESTART_SIGMA) -> io.NodeOutput:
         node = "CHAI Apply"
         with user_errors(node):
             config, schedule = chai_plan_inputs(model, latent, sampler_name, scheduler, full_steps, fast_steps,
-                                                cache_steps, kv_mode, apply_to)
+                                                cache_steps, kv_mode, apply_to, reuse, restart_sigma)
             patched, applied = chai_apply(model, latent, config=config, schedule=schedule, sampler_name=sampler_name,
                                           scheduler=scheduler, hit=hit, model_2=model_2, positive=positive,
                                           boundary=boundary)
         report = apply_report(applied)
-        status = f"{'HIT' if applied.plan.run is not None else 'MISS'} · {applied.steps} steps"
-        return io.NodeOutput(patched, applied.sigmas(), applied.steps, applied.switch_step, applied, report,
-                             ui=show(status, report))
+        status = f"{'HIT' if applied.plan.hit else 'MISS'} · {applied.steps} steps"
+        start = applied.start_latent if applied.start_latent is not None else latent
+        return io.NodeOutput(patched, applied.sigmas(), applied.total_steps, applied.switch_step, applied, report,
+                             start, applied.start_at_step, ui=show(status, report))
 
 
 def apply_report(applied: AppliedRun) -> str:
     """CHAI Apply's report: what the sampler will run and why."""
-    report = applied.plan.report
-    lines = [f"CHAI Apply: {report.mode} ({'hit' if applied.plan.run is not None else 'miss'}), "
+    plan, report = applied.plan, applied.plan.report
+    lines = [f"CHAI Apply: {report.mode} ({'hit' if plan.hit else 'miss'}), "
              f"{applied.steps} steps; sample them with the MODEL and SIGMAS (or steps) from this node",
              f"lookup: {report.lookup}"]
-    if applied.plan.run is not None:
+    if plan.hit and report.reuse_note:
+        lines.append(f"reuse: {report.reuse_note}")
+    if plan.restart is not None:
+        lines.append(f"start from this node's LATENT: SamplerCustomAdvanced with its SIGMAS, or KSamplerAdvanced "
+                     f"with steps {applied.total_steps}, start_at_step {applied.start_at_step}, add_noise enabled")
+    if plan.run is not None:
         lines.append(f"cache steps {','.join(map(str, applied.config.cache_steps))} of {applied.steps}")
-    else:
+    elif not plan.hit:
         lines.append(f"capturing donor latents at full-schedule steps "
                      f"{', '.join(str(i + 1) for i in applied.plan.full_capture().indices) or 'final'}")
     lines.append(f"switch_step {applied.switch_step} (Wan 2.2 A14B two-sampler graphs)")

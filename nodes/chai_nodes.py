@@ -24,13 +24,14 @@ from ..chai_attention.cache_io import WriteOutcome, WriteReport, write_trace
 from ..chai_attention.comfy.lookup import chai_lookup
 from ..chai_attention.comfy.sample import chai_sample
 from ..chai_attention.comfy.text import TEXT_ENCODER_THRESHOLD, kept_prompt, text_encoder_embedder
-from ..chai_attention.constants import WAN22_BOUNDARY
+from ..chai_attention.constants import DEFAULT_RESTART_SIGMA, DEFAULT_REUSE, WAN22_BOUNDARY
 from ..chai_attention.payloads import CacheHit, PromptEntities, SampleTrace
 from ..chai_attention.status import (entities_report, entities_status, lookup_status, same_prompt_note,
                                      sampler_status, write_status)
 from .canvas import executing_node_id, show
 from .errors import ChaiNodeError, user_errors
-from .schedule_inputs import SAMPLERS, SCHEDULERS, chai_plan_inputs, schedule_inputs, validate_steps
+from .schedule_inputs import (SAMPLERS, SCHEDULERS, chai_plan_inputs, reuse_inputs, schedule_inputs,
+                              validate_steps)
 from .sockets import CATEGORY, CHAI_CACHE, CHAI_ENTITIES, CHAI_HIT, CHAI_TRACE
 from .widgets import combo
 
@@ -195,9 +196,10 @@ class Sampler(io.ComfyNode):
             display_name="CHAI Sampler",
             category=CATEGORY,
             description="Samples like KSampler. Without a usable hit it runs full_steps and captures the donor "
-                        "latents for CHAI Cache Write; with a hit it runs fast_steps, and at cache_steps the "
-                        "first block's self-attention takes its keys and values from the donor's latents. The "
-                        "MODEL itself is never changed.",
+                        "latents for CHAI Cache Write; with a hit it runs fast_steps: by default from the donor's "
+                        "latent at restart_sigma with this seed's noise (reuse 'restart'), or from noise with the "
+                        "first block's self-attention taking its keys and values from the donor's latents at "
+                        "cache_steps ('cache_attention'), or both. The MODEL itself is never changed.",
             inputs=[
                 io.Model.Input("model", tooltip=f"The video model, of a supported family ({_families()}); use "
                                                 "the same MODEL for the lookup."),
@@ -222,6 +224,7 @@ class Sampler(io.ComfyNode):
                                        "such as the toy-world model, the uniform schedule with the shift stored "
                                        "in its file); 'simple' suits Wan and matches OpenSora's at 8 steps."),
                 *schedule_inputs(),
+                *reuse_inputs(),
             ],
             outputs=[
                 io.Latent.Output("samples", display_name="LATENT", tooltip="The sampled latent (decode it as usual)."),
@@ -243,11 +246,12 @@ class Sampler(io.ComfyNode):
     def execute(cls, model: Any, positive: Any, negative: Any, latent: dict, seed: int, cfg: float,
                 sampler_name: str, scheduler: str, full_steps: int, fast_steps: int, cache_steps: str,
                 kv_mode: str, apply_to: str, hit: CacheHit | None = None, model_2: Any = None,
-                boundary: float = WAN22_BOUNDARY) -> io.NodeOutput:
+                boundary: float = WAN22_BOUNDARY, reuse: str = DEFAULT_REUSE,
+                restart_sigma: float = DEFAULT_RESTART_SIGMA) -> io.NodeOutput:
         node = "CHAI Sampler"
         with user_errors(node):
             config, schedule = chai_plan_inputs(model, latent, sampler_name, scheduler, full_steps, fast_steps,
-                                                cache_steps, kv_mode, apply_to)
+                                                cache_steps, kv_mode, apply_to, reuse, restart_sigma)
             out, trace = chai_sample(model, positive, negative, latent, seed=seed, cfg=cfg,
                                      sampler_name=sampler_name, scheduler=scheduler, config=config,
                                      schedule=schedule, hit=hit, model_2=model_2, boundary=boundary)

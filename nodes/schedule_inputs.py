@@ -51,6 +51,26 @@ def schedule_inputs(boundary_note: str = "") -> list[Any]:
     ]
 
 
+REUSE_MODES = list(constants.REUSE_MODES)
+
+
+def reuse_inputs(apply_note: str = "") -> list[Any]:
+    """The reuse inputs CHAI Sampler and CHAI Apply end with (optional, so saved workflows keep loading)."""
+    return [
+        combo("reuse", options=REUSE_MODES, default=constants.DEFAULT_REUSE, optional=True,
+              tooltip="How a hit reuses its donor. 'restart' (default): start from the donor's latent at "
+                      "restart_sigma with this request's own noise (the seed still matters) and run fast_steps "
+                      "from there: in the quality lab it kept the full run's quality (docs/quality-lab.md). Taken "
+                      "only for a donor of the same scene; others get Cache Attention. 'cache_attention': the "
+                      "paper's, from noise. 'both': a restart, then Cache Attention at cache_steps." + apply_note),
+        io.Float.Input("restart_sigma", default=constants.DEFAULT_RESTART_SIGMA, min=0.05, max=0.95, step=0.05,
+                       optional=True,
+                       tooltip="The noise level a restart starts at (a miss stores its latent there). Lower "
+                               "starts later and copies more of the donor: below about 0.7 the donor's object "
+                               "shows through in the lab."),
+    ]
+
+
 def validate_steps(cache_steps: str | None) -> bool | str:
     """validate_inputs of the nodes with cache_steps: True, or what is wrong with the steps.
 
@@ -66,8 +86,9 @@ def validate_steps(cache_steps: str | None) -> bool | str:
 
 
 def chai_plan_inputs(model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,
-                     cache_steps: str, kv_mode: str, apply_to: str) -> tuple[ChaiConfig, Schedule]:
+                     cache_steps: str, kv_mode: str, apply_to: str, reuse: str = constants.DEFAULT_REUSE,
+                     restart_sigma: float = constants.DEFAULT_RESTART_SIGMA) -> tuple[ChaiConfig, Schedule]:
     """(ChaiConfig, steps -> sigmas) from the schedule inputs CHAI Sampler and CHAI Apply share."""
     config = ChaiConfig(full_steps=full_steps, fast_steps=fast_steps, cache_steps=parse_cache_steps(cache_steps),
-                        kv_mode=kv_mode, apply_to=apply_to)
+                        kv_mode=kv_mode, apply_to=apply_to, reuse=reuse, restart_sigma=restart_sigma)
     return config, node_schedule(model, latent, sampler_name, scheduler)

@@ -77,8 +77,10 @@ def test_miss_then_hit_on_a_shared_entity_then_an_unrelated_miss(model, cache, c
     full = opensora_sigmas(30, VIDEO.height, VIDEO.width, VIDEO.num_frames).tolist()
     fast = opensora_sigmas(8, VIDEO.height, VIDEO.width, VIDEO.num_frames).tolist()
     nearest = [min(full[:-1], key=lambda s: abs(s - fast[step - 1])) for step in (2, 3, 4)]  # steps start there
-    assert entry.sigmas == pytest.approx(sorted(nearest, reverse=True), abs=0)
-    assert entry.tensors == ("donor_00", "donor_01", "donor_02") and entry.shape == (1, 4, 5, 16, 16)
+    assert entry.sigmas[:3] == pytest.approx(sorted(nearest, reverse=True), abs=0)
+    # and the restart origin at the full-schedule sigma nearest 0.8, numbered after the donors
+    assert entry.sigmas[3] == min(full[:-1], key=lambda s: abs(s - 0.8))
+    assert entry.tensors == ("donor_00", "donor_01", "donor_02", "restart_03") and entry.shape == (1, 4, 5, 16, 16)
     assert entry.prompt == DOG_BEACH
 
     calls.clear()

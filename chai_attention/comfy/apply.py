@@ -1,4 +1,6 @@
-"""CHAI as a MODEL patch for any sampler node (CHAI Apply): Cache Attention on a hit, donor capture on a miss.
+"""CHAI as a MODEL patch for any sampler node (CHAI Apply): a restart and/or Cache Attention on a hit, donor capture
+on a miss. A restart hit also hands the sampler the LATENT to start from (the donor's origin: the sampler adds the
+seed's noise at the restart sigma) and the start_at_step of its schedule (KSamplerAdvanced).
 
 `chai_apply` decides the request as CHAI Sampler does (`prepare.prepare`) and returns a ModelPatcher *clone*
 carrying it (`prepare.patch`): on a usable hit the adapter's public hooks plus the run in
@@ -28,6 +30,8 @@ from ..request import RequestPlan, Schedule, finish_fast, finish_full, trace_for
 from ..steps import match_step
 from .capture import ModelInputCapture
 from .prepare import patch, prepare
+from .sample import restart_latent
+from .schedule import prepared_latent
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +56,7 @@ class AppliedRun:
     capture: ModelInputCapture | None = None  # on a miss
     switch_step: int = 0
     latent_in: Any = None  # the model's process_latent_in: a sampler's output LATENT -> the model-input space
+    start_latent: dict[str, Any] | None = None  # a restart hit: the LATENT the sampler must start from
     seconds: float = 0.0  # time inside the sampler nodes' sampling, summed
     samplings: int = 0
     problems: list[str] = field(default_factory=list)
@@ -62,13 +67,24 @@ class AppliedRun:
         """Steps of the schedule to sample (fast on a usable hit, else full)."""
         return len(self.plan.sigmas) - 1
 
+    @property
+    def start_at_step(self) -> int:
+        """KSamplerAdvanced's start_at_step: where a restart's tail begins on the `total_steps` schedule (else 0)."""
+        return self.plan.restart.schedule.start_step if self.plan.restart is not None else 0
+
+    @property
+    def total_steps(self) -> int:
+        """KSampler / KSamplerAdvanced 'steps': the schedule whose tail from start_at_step is `sigmas()`."""
+        return self.plan.restart.schedule.total if self.plan.restart is not None else self.steps
+
     def sigmas(self) -> Tensor:
         """The schedule as SIGMAS (float32, CPU)."""
         return torch.tensor(self.plan.sigmas, dtype=torch.float32)
 
-    def started(self, sigmas: Tensor) -> None:
+    def started(self, sigmas: Tensor, noise: Any = None, latent_image: Any = None) -> None:
         """A sampler begins on `sigmas`: a run from the schedule's first sigma starts the record afresh."""
         values = [float(s) for s in sigmas.reshape(-1).tolist()]
+        restart_problem = self._restart_problem(noise, latent_image)
         own = self.plan.sigmas
         fresh = bool(values) and match_step(values[0], own) == 0
         with self._lock:
@@ -80,12 +96,49 @@ class AppliedRun:
                 if self.plan.run is not None:
                     self.plan.run.reset()
             self.samplings += 1
+            if restart_problem:
+                self.problems.append(restart_problem)
             unknown = [s for s in values[:-1] if match_step(s, own) is None]
             if unknown:
                 self.problems.append(
                     f"the sampler ran sigmas that are not on CHAI's {self.steps}-step schedule ({len(unknown)} of "
                     f"{len(values) - 1}); give the sampler CHAI Apply's steps (or SIGMAS) and the sampler and "
                     "scheduler set on CHAI Apply")
+
+    def redirect(self, latent_image: Any, sigmas: Any) -> tuple[Any, Any]:
+        """A restart hit's sampling start: (latent_image, sigmas) the sampler should run.
+
+        A graph that gives the sampler CHAI Apply's SIGMAS (or steps) but not its LATENT, as saved workflows from
+        before restarts do, would start the restart's schedule from an empty latent, or run the whole
+        `total_steps` schedule from noise: the sampling is redirected to start from the restart LATENT on the
+        restart's sigmas (the sampler's own noise is kept). Anything else is left as it is.
+        """
+        if self.start_latent is None or not isinstance(sigmas, Tensor) or not isinstance(latent_image, Tensor):
+            return latent_image, sigmas
+        mine = self.start_latent["samples"]
+        if tuple(latent_image.shape) != tuple(mine.shape):
+            return latent_image, sigmas
+        values = [float(s) for s in sigmas.reshape(-1).tolist()]
+        tail, start = self.plan.sigmas, self.start_at_step
+        if len(values) == self.total_steps + 1 and _same(values[start:], tail):
+            sigmas = sigmas[start:]
+        elif not _same(values, tail):
+            return latent_image, sigmas
+        return mine.to(latent_image.device, latent_image.dtype), sigmas
+
+    def _restart_problem(self, noise: Any, latent_image: Any) -> str:
+        """What is wrong with how a sampler starts a restart hit ('' when nothing is, or it is no restart)."""
+        if self.start_latent is None or not isinstance(latent_image, Tensor):
+            return ""
+        mine = self.start_latent["samples"]
+        if tuple(latent_image.shape) != tuple(mine.shape) or not torch.allclose(
+                latent_image.to(mine.device, mine.dtype), mine, rtol=1e-3, atol=1e-4):
+            return ("this restart hit's sampler did not start from CHAI Apply's LATENT output: connect it to the "
+                    "sampler's latent (and start_at_step to KSamplerAdvanced), or set reuse to cache_attention")
+        if isinstance(noise, Tensor) and not bool(noise.any()):
+            return ("the sampler added no noise to this restart hit's LATENT: enable add_noise (the restart "
+                    "starts from the request's own noise)")
+        return ""
 
     def add_time(self, seconds: float) -> None:
         with self._lock:
@@ -113,6 +166,11 @@ class AppliedRun:
                          capture_problem=problem)
 
 
+def _same(values: Sequence[float], sigmas: Sequence[float]) -> bool:
+    """Whether two schedules are the same steps (each value on its step, within the matching tolerance)."""
+    return len(values) == len(sigmas) and all(match_step(v, sigmas) == i for i, v in enumerate(values[:-1]))
+
+
 class SamplingMonitor:
     """OUTER_SAMPLE wrapper: tells the AppliedRun when a sampling starts (on which sigmas) and how long it takes."""
 
@@ -123,9 +181,14 @@ class SamplingMonitor:
         return self
 
     def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > 3:  # a restart hit may start the sampler elsewhere (AppliedRun.redirect)
+            latent_image, sigmas = self.applied.redirect(args[1], args[3])
+            args = (args[0], latent_image, args[2], sigmas, *args[4:])
         sigmas = args[3] if len(args) > 3 else kwargs.get("sigmas")
+        noise = args[0] if args else kwargs.get("noise")
+        latent_image = args[1] if len(args) > 1 else kwargs.get("latent_image")
         if isinstance(sigmas, Tensor):
-            self.applied.started(sigmas)
+            self.applied.started(sigmas, noise, latent_image)
         start = time.perf_counter()
         try:
             return executor(*args, **kwargs)
@@ -140,8 +203,8 @@ def switch_step(sigmas: tuple[float, ...], boundary: float) -> int:
 
 def check_before_switch(plan: RequestPlan, switch: int, boundary: float) -> None:
     """ValueError when a cache step (hit) or a captured step (miss) falls on the second expert's steps."""
-    if plan.run is not None:
-        late = [s for s in plan.run.config.cache_steps if s > switch]
+    if plan.hit:
+        late = [s for s in plan.run.config.cache_steps if s > switch] if plan.run is not None else []
         what = f"cache steps {late} of the {len(plan.sigmas) - 1}-step fast schedule"
     else:
         # a final latent comes from CHAI Apply Trace
@@ -177,6 +240,10 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
         check_before_switch(plan, switch, boundary)
     applied = AppliedRun(plan, hit, prepared.fingerprint, prepared.shape, config, sampler_name, scheduler,
                          prepared.capture, switch, model.model.process_latent_in)
+    if plan.restart is not None:
+        applied.start_latent = {**latent, "samples": restart_latent(model, plan.restart.origin,
+                                                                    prepared_latent(model, latent))}
+        applied.switch_step = plan.restart.schedule.start_step + switch
     clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, MONITOR_KEY, SamplingMonitor(applied))
     log.info("[CHAI] apply: %s, %d steps", plan.mode, applied.steps)
     return clone, applied

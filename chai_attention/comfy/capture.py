@@ -53,7 +53,7 @@ class ModelInputCapture(DonorCapture):
         if sigma is None:
             raise ValueError("the model was called with an empty timestep: no step of the schedule to capture")
         step = match_step(sigma, self.full_sigmas)
-        if step is not None and step in self.plan.indices:
+        if step is not None and self.plan.wants(step):
             part = self._chunk(x, options.get("cond_or_uncond"))
             if part is None:
                 self.skipped.append(f"step {step + 1}: model input {tuple(x.shape)} is not the latent {self.shape}")

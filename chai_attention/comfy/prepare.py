@@ -6,9 +6,9 @@ a Cache Attention run on a usable hit, else FULL with a `ModelInputCapture`. `pa
 adapter's public hooks plus transformer_options[RUN_KEY]) or the capture (an APPLY_MODEL wrapper) on a
 ModelPatcher clone. ComfyUI glue: imports ComfyUI inside functions only.
 
-Where a reuse mode plugs in: the mode is chosen in `request.plan_request`; a mode that needs more than a run or a
-capture on the clone (say, a start latent taken from the donor at an intermediate sigma) adds it to
-`PreparedRequest` here, and `sample.chai_sample` / `apply.chai_apply` read it from there.
+The reuse mode is chosen in `request.plan_request`; a restart's start (the donor's origin and the schedule's tail)
+rides in `plan.restart`, which `sample.chai_sample` and `apply.chai_apply` turn into the LATENT the sampler starts
+from; a restart alone puts nothing on the clone.
 """
 from __future__ import annotations
 
@@ -82,8 +82,10 @@ def patch(clone: Any, prepared: PreparedRequest) -> set[str]:
     import comfy.patcher_extension
 
     run = prepared.plan.run
-    if run is None:
+    if prepared.capture is not None:
         clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.APPLY_MODEL, CAPTURE_KEY, prepared.capture)
+        return set()
+    if run is None:  # a restart alone patches nothing: the sampler starts from the restart latent
         return set()
     before = set(clone.object_patches)
     get_adapter(clone).comfy_install(clone, run_key=RUN_KEY)

@@ -36,6 +36,11 @@ def expert_stages(sigmas: Any, model: Any, model_2: Any = None,
     return [(model, sigmas[:switch + 1]), (model_2, sigmas[switch:])]
 
 
+def restart_latent(model: Any, origin: Tensor, like: Tensor) -> Tensor:
+    """The LATENT a restart samples from: the donor's origin (model-input space) in the LATENT's space and dtype."""
+    return model.model.process_latent_out(origin.to(like.device, torch.float32)).to(like.dtype)
+
+
 def unpatch(clone: Any, added: set[str]) -> None:
     """Take everything `prepare.patch` added off a clone; undo the adapter's object patches on the shared model."""
     import comfy.patcher_extension
@@ -54,7 +59,7 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
                 sampler_name: str, scheduler: str, config: ChaiConfig, schedule: Schedule,
                 hit: CacheHit | None = None, model_2: Any = None,
                 boundary: float = WAN22_BOUNDARY) -> tuple[dict[str, Any], SampleTrace]:
-    """Sample a LATENT as ComfyUI's KSampler does: fast with Cache Attention on a usable hit, else full with capture.
+    """Sample a LATENT as ComfyUI's KSampler does: fast on a usable hit (restart and/or Cache Attention), else full.
 
     schedule(steps) gives the sigmas (e.g. `schedule.comfy_schedule`); scheduler is only its label for reports.
     model_2: a second expert (Wan 2.2 A14B low-noise) for the steps below `boundary`. Returns the output LATENT (a
@@ -74,6 +79,8 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
     samples = prepared_latent(model, latent)
 
     noise = comfy.sample.prepare_noise(samples, seed, latent.get("batch_index"))
+    if plan.restart is not None:  # the sampler adds the seed's noise at the restart sigma (restart.py)
+        samples = restart_latent(model, plan.restart.origin, samples)
     stages: list[tuple[Any, Any, set[str]]] = []
     for expert, sigmas in expert_stages(plan.schedule, model, model_2, boundary):
         clone = expert.clone()
@@ -120,4 +127,4 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
     return out_latent, trace
 
 
-__all__ = ["expert_stages", "unpatch", "chai_sample"]
+__all__ = ["expert_stages", "restart_latent", "unpatch", "chai_sample"]

