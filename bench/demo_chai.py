@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full-steps", type=int, default=30)
     ap.add_argument("--fast-steps", type=int, default=8)
     ap.add_argument("--cache-steps", default=None, help="cache steps of a hit (default: the pack's, 5,6)")
+    ap.add_argument("--reuse", default="restart", choices=("restart", "cache_attention", "both"),
+                    help="how a hit reuses its donor (default: restart from a same-scene donor's latent)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: two were 12-17x slower while other work shared 2 cores)")
     args = ap.parse_args(argv)
@@ -52,15 +54,17 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         steps = ChaiConfig().cache_steps if args.cache_steps is None else args.cache_steps
-        config = ChaiConfig(full_steps=args.full_steps, fast_steps=args.fast_steps, cache_steps=steps)
+        config = ChaiConfig(full_steps=args.full_steps, fast_steps=args.fast_steps, cache_steps=steps,
+                            reuse=args.reuse)
         stream = make_stream(args.n, args.seed)
         model = load_toy_model(args.weights)
     except (ValueError, FileNotFoundError) as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
     print(f"CHAI demo: {len(stream)} toy-world requests, cache {args.cache}/, videos {args.out}/ "
-          f"(full {config.full_steps} steps on a miss, {config.fast_steps} with Cache Attention at steps "
-          f"{','.join(map(str, config.cache_steps))} on a hit)", flush=True)
+          f"(full {config.full_steps} steps on a miss, {config.fast_steps} on a hit: reuse {config.reuse}, "
+          f"restart at sigma {config.restart_sigma:g} from a same-scene donor, else Cache Attention at steps "
+          f"{','.join(map(str, config.cache_steps))})", flush=True)
     t0 = time.perf_counter()
     cache = ChaiCache(args.cache, budget_bytes=budget_from_gb(0.5))
     demo_cache.mark(args.cache)

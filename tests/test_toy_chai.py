@@ -90,6 +90,24 @@ def test_the_scene_sharing_prompt_hits_with_cache_attention(stream):
     assert rep.fired_steps == ChaiConfig().cache_steps == (5, 6)
 
 
+def test_the_scene_sharing_prompt_restarts_from_the_donor_and_shows_its_own_prompt(model, tmp_path):
+    from comfyui_chai.cache_store.service import ChaiCache
+
+    cache = ChaiCache(tmp_path / "cache", budget_bytes=10**9)
+    pipe = ChaiPipeline(model, cache, ChaiConfig(reuse="restart"), text_encode=toy_text_encoder(),
+                        video=ToyVideoSpec(), schedule=toy_sigmas, cfg=DEFAULT_CFG)
+    try:
+        pipe.generate(DONOR, seed=0)
+        hit = pipe.generate(SCENE_SHARED, seed=1)
+    finally:
+        cache.close()
+    rep = hit.report
+    assert rep.mode == "fast" and rep.reuse == "restart" and rep.steps == 8 and rep.fired_steps == ()
+    assert "from the donor's latent at sigma 0.800" in rep.reuse_note and "3.75x" in rep.reuse_note
+    # the donor's beach, the request's own kite, colour and motion (the donor's red ball is gone)
+    assert detect(clip(hit)).as_tuple() == ("beach", "kite", "blue", "left")
+
+
 def test_the_same_object_in_another_scene_misses_and_says_why(stream):
     rep = stream[OBJECT_SHARED].report
     assert rep.mode == "full" and rep.steps == 30
@@ -128,7 +146,7 @@ def test_demo_serves_a_stream_writes_gifs_and_reports_each_request(model, tmp_pa
     stream = [(DONOR, ("beach", "ball", "red", "bouncing")), (SCENE_SHARED, ("beach", "kite", "blue", "left")),
               (OBJECT_SHARED, ("forest", "ball", "red", "still"))]
     cache = ChaiCache(tmp_path / "cache", budget_bytes=10**9)
-    pipe = ChaiPipeline(model, cache, ChaiConfig(full_steps=10, fast_steps=4, cache_steps="2"),
+    pipe = ChaiPipeline(model, cache, ChaiConfig(full_steps=10, fast_steps=4, cache_steps="2", reuse="restart"),
                         text_encode=toy_text_encoder(), video=ToyVideoSpec(), schedule=toy_sigmas, cfg=DEFAULT_CFG)
     try:
         requests = list(serve(pipe, stream, tmp_path / "out", seed=3))
@@ -146,10 +164,10 @@ def test_demo_serves_a_stream_writes_gifs_and_reports_each_request(model, tmp_pa
     assert len(miss) == 2 and miss[0].startswith("[1/3] MISS 10 steps ") and miss[0].endswith(DONOR)
     assert miss[1].strip() == f"all 4 attributes right -> {requests[0].gif}"
     assert len(hit) == 3 and hit[0].startswith("[2/3] HIT   4 steps ")
-    assert hit[1].strip() == f"matched {requests[1].match}; donor: {DONOR}"
+    assert hit[1].strip() == f"restart: matched {requests[1].match}; donor: {DONOR}"
     assert hit[2].endswith(f" -> {requests[1].gif}")
     summary = summary_text(requests)
-    assert "\nmiss (30 steps)                 2 " in summary and "\nhit (8 steps, Cache Attention)  1 " in summary
+    assert "\nmiss (30 steps)  2 " in summary and "\nhit (8 steps)    1 " in summary
     assert "\n\nhit rate 33%; " in summary
 
 

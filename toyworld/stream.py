@@ -32,6 +32,7 @@ class Request:
     donor: str = ""
     detected: tuple[str, str, str, str] = ("", "", "", "")
     gif: str = ""
+    reuse: str = ""  # a hit's reuse mode ("restart", "cache_attention", "both")
 
     @property
     def correct(self) -> bool:
@@ -66,7 +67,7 @@ def serve(pipe: Any, stream: Sequence[tuple[str, Combo]], out: Path, seed: int) 
         video = decode(result.latent)[0].cpu().numpy()
         d = detect(video)
         req = Request(i, prompt, combo, rep.mode, rep.steps, rep.timings.get("total", 0.0), describe_match(rep),
-                      rep.donor_prompt or "", (d.scene, d.obj, d.colour, d.motion))
+                      rep.donor_prompt or "", (d.scene, d.obj, d.colour, d.motion), reuse=rep.reuse)
         req.gif = str(save_gif(video, out / f"{i:0{width}d}_{'hit' if rep.mode == 'fast' else 'miss'}.gif"))
         yield req
 
@@ -80,7 +81,8 @@ def request_lines(req: Request, total: int) -> list[str]:
     lines = [f"[{req.index:>{width}}/{total}] {head} {req.steps:>2} steps {req.seconds:6.2f} s  "
              f"{shorten(req.prompt, 58)}"]
     if req.mode == "fast":
-        lines.append(f"{'':>{2 * width + 3}}  matched {req.match}; donor: {shorten(req.donor, 60)}")
+        lines.append(f"{'':>{2 * width + 3}}  {req.reuse or 'hit'}: matched {req.match}; donor: "
+                     f"{shorten(req.donor, 52)}")
     lines.append(f"{'':>{2 * width + 3}}  {verdict} -> {req.gif}")
     return lines
 
@@ -89,7 +91,7 @@ def summary_rows(requests: Sequence[Request]) -> tuple[list[list[object]], dict[
     """Per-mode rows (count, mean seconds, steps, read-back accuracy) and the headline figures."""
     rows: list[list[object]] = []
     stats: dict[str, float] = {}
-    for mode, label in (("full", "miss (30 steps)"), ("fast", "hit (8 steps, Cache Attention)")):
+    for mode, label in (("full", "miss (30 steps)"), ("fast", "hit (8 steps)")):
         sel = [r for r in requests if r.mode == mode]
         mean = statistics.fmean(r.seconds for r in sel) if sel else float("nan")
         stats[mode] = mean
