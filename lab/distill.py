@@ -52,7 +52,8 @@ class DistillConfig:
     out_dir: str
     teacher: str = ""  # the teacher's weights (empty: the shipped lab model)
     seed: int = 0
-    clips: int = 1536  # teacher trajectories (captions of the training combinations, one seed each)
+    clips: int = 1536  # teacher trajectories planned (captions of the training combinations, one seed each)
+    use_clips: int | None = None  # make and train on only the first this many of them (None: all)
     substeps: int = 8  # teacher Euler steps per student segment
     teacher_cfg: float = DEFAULT_CFG
     chunk: int = 32  # trajectories per teacher batch (and per teacher.pt save)
@@ -142,9 +143,10 @@ class Distiller:
             if self.data["prompts"] != prompts[: len(self.data["prompts"])]:
                 raise ValueError(f"{path} was made with other settings; remove it or use another --out")
         done = len(self.data["prompts"])
+        wanted = cfg.clips if cfg.use_clips is None else min(cfg.clips, cfg.use_clips)
         t0 = time.perf_counter()
-        while done < cfg.clips:
-            end = min(done + cfg.chunk, cfg.clips)
+        while done < wanted:
+            end = min(done + cfg.chunk, wanted)
             states = teacher_states(self.teacher, prompts[done:end], seeds[done:end], cfg.substeps, cfg.teacher_cfg)
             self.data["prompts"] += prompts[done:end]
             self.data["seeds"] += seeds[done:end]
@@ -152,7 +154,7 @@ class Distiller:
             _atomic_save(self.data, path)
             done = end
             if echo:
-                echo(f"teacher {done}/{cfg.clips} clips, {time.perf_counter() - t0:.0f} s")
+                echo(f"teacher {done}/{wanted} clips, {time.perf_counter() - t0:.0f} s")
 
     # ---------------------------------------------------------------------------------------------- train
 

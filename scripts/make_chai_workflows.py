@@ -193,7 +193,7 @@ def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], n
     g.link(prompt, 0, ents, "prompt")
     sampler_id = g.node("CHAI_Sampler", (b, 460 if with_lookup else 40),
                         [42, "randomize", cfg, sampler, scheduler, 30, 8, PACK_CACHE_STEPS, "replace", "cond",
-                         WAN22_BOUNDARY],
+                         WAN22_BOUNDARY, "restart", 0.8],
                         size=(380, 700))
     for name, (src, slot) in (("model", (model, 0)), ("positive", positive), ("negative", negative),
                               ("latent", (latent, 0))):
@@ -333,7 +333,8 @@ def apply_nodes(g: UIGraph, model: int, latent: int, prompt: int, *, cache_name:
     for name, src in (("cache", cache), ("entities", ents), ("model", model), ("latent", latent)):
         g.link(src, 0, lookup, name)
     apply = g.node("CHAI_Apply", (x + 340, 40),
-                   [sampler, "simple", 30, 8, cache_steps, "replace", "cond", WAN22_BOUNDARY], size=(340, 420))
+                   [sampler, "simple", 30, 8, cache_steps, "replace", "cond", WAN22_BOUNDARY, "restart", 0.8],
+                   size=(340, 460))
     g.link(model, 0, apply, "model")
     g.link(latent, 0, apply, "latent")
     g.link(lookup, 0, apply, "hit")

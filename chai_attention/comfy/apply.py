@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from ..config import ChaiConfig
-from ..constants import WAN22_BOUNDARY
+from ..constants import CACHE_ATTENTION, WAN22_BOUNDARY
 from ..payloads import CacheHit, SampleTrace
 from ..request import RequestPlan, Schedule, finish_fast, finish_full, trace_for
 from ..steps import match_step
@@ -230,6 +230,10 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
     """
     import comfy.patcher_extension
 
+    if model_2 is not None and config.reuse != CACHE_ATTENTION:
+        # In the two-sampler graph a restart below the experts' boundary would start on the second sampler, which
+        # CHAI Apply does not drive; CHAI Sampler with model_2 restarts such a pair.
+        config = replace(config, reuse=CACHE_ATTENTION)
     prepared = prepare(model, latent, hit, config=config, schedule=schedule, sampler_name=sampler_name,
                        model_2=model_2, positive=positive, conditionings=(positive,))
     plan = prepared.plan
