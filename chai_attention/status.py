@@ -95,7 +95,7 @@ def same_prompt_note(hit: CacheHit) -> str:
 
 
 def sampler_status(report: ChaiReport) -> str:
-    """'HIT sunny beach 1.00 · 8 steps · 0.34 s' or 'MISS · 30 steps · 1.20 s'."""
+    """'HIT sunny beach 1.00 · 8 steps · restart · 0.34 s' or 'MISS · 30 steps · 1.20 s'."""
     seconds = report.timings.get("total", report.timings.get("sample"))
     if report.mode == FAST:
         best = max(report.matches, key=lambda m: m[2]) if report.matches else None
@@ -103,6 +103,8 @@ def sampler_status(report: ChaiReport) -> str:
     else:
         head = "MISS"
     parts = [head, f"{report.steps} steps"]
+    if report.mode == FAST and report.reuse:
+        parts.append(report.reuse.replace("_", " "))
     if seconds is not None:
         parts.append(f"{seconds:.2f} s")
     if report.mode != FAST and report.hit_unusable:

@@ -32,6 +32,9 @@ def test_a_prompt_that_hits_its_own_entry_is_explained():
 def test_sampler_status_gives_mode_steps_and_time():
     fast = ChaiReport("p", FAST, 8, matches=(("beach", "sunny beach", 0.91),), timings={"total": 0.3421})
     assert sampler_status(fast) == "HIT sunny beach 0.91 · 8 steps · 0.34 s"
+    restart = ChaiReport("p", FAST, 8, matches=(("beach", "sunny beach", 0.91),), reuse="cache_attention",
+                         timings={"total": 0.3421})
+    assert sampler_status(restart) == "HIT sunny beach 0.91 · 8 steps · cache attention · 0.34 s"
     full = ChaiReport("p", FULL, 30, timings={"sample": 1.5})
     assert sampler_status(full) == "MISS · 30 steps · 1.50 s"
     unusable = ChaiReport("p", FULL, 30, reason="the entry is for another shape", hit_unusable=True)
