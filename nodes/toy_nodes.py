@@ -14,7 +14,8 @@ from comfy_api.latest import io
 from ..opensora.comfy_model import is_opensora, null_caption
 from ..toyworld.comfy_adapter import (DEFAULT_UPSCALE, MAX_BATCH, MAX_UPSCALE, PLAYBACK_FPS, decode_frames,
                                       empty_latent, prompt_conditioning)
-from ..toyworld.model import TEXT_DIM
+from ..toyworld.model import TEXT_DIM, TEXT_TOKENS
+from ..toyworld.text import kept_text
 from .canvas import show
 from .errors import ChaiNodeError, user_errors
 
@@ -63,6 +64,10 @@ class ToyTextEncode(io.ComfyNode):
                 io.Conditioning.Output("negative", display_name="negative",
                                        tooltip="The model's null caption, as many rows as the prompt has words: "
                                                "the unconditional input for classifier-free guidance."),
+                io.String.Output("kept", display_name="kept prompt",
+                                 tooltip="The prompt as far as the encoder read it (the first 20 words): give it "
+                                         "to CHAI Entity Extract, so that entities come from what the video is "
+                                         "conditioned on."),
             ],
         )
 
@@ -81,7 +86,8 @@ class ToyTextEncode(io.ComfyNode):
             length = caption.features.shape[1]
             positive = [[caption.features, {"pooled_output": None}]]
             negative = [[null_caption(model, length), {"pooled_output": None}]]
-        return io.NodeOutput(positive, negative, ui=show(status))
+        kept = kept_text(prompt or "", TEXT_TOKENS)
+        return io.NodeOutput(positive, negative, kept, ui=show(status))
 
 
 class ToyEmptyLatent(io.ComfyNode):

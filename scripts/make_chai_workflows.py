@@ -185,12 +185,13 @@ OUT_X, SAVE_X = 1640, 2000  # decode and video columns of the t2v workflows (cha
 
 def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], negative: tuple[int, int],
                prompt: int, *, cache_name: str, cfg: float, sampler: str, scheduler: str, x: int,
-               with_lookup: bool = True) -> int:
-    """Cache, entity extract, (lookup,) CHAI sampler and write; returns the sampler's node id."""
+               with_lookup: bool = True, entity_text: tuple[int, int] | None = None) -> int:
+    """Cache, entity extract (from `entity_text`, default the prompt), (lookup,) CHAI sampler and write; returns the
+    sampler's node id."""
     a, b, c = (x + dx for dx in CHAI_COLUMNS)
     cache = g.node("CHAI_CacheOpen", (a, 40), [cache_name, 2.0, "lru", "minilm"], size=(320, 300))
     ents = g.node("CHAI_EntityExtract", (a, 380), [""], size=(320, 240))
-    g.link(prompt, 0, ents, "prompt")
+    g.link(*(entity_text or (prompt, 0)), ents, "prompt")
     sampler_id = g.node("CHAI_Sampler", (b, 460 if with_lookup else 40),
                         [42, "randomize", cfg, sampler, scheduler, 30, 8, PACK_CACHE_STEPS, "replace", "cond",
                          WAN22_BOUNDARY, "restart", 0.8],
@@ -268,7 +269,7 @@ def toy_t2v() -> UIGraph:
     g.link(prompt, 0, text, "prompt")
     latent = g.node("CHAI_ToyEmptyLatent", (0, 640), [1], size=(320, 80))
     sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="toyworld", cfg=TOY_CFG,
-                         sampler="euler", scheduler="opensora", x=440)
+                         sampler="euler", scheduler="opensora", x=440, entity_text=(text, 2))
     decode = g.node("CHAI_ToyDecode", (OUT_X, 40), [8], size=(300, 100))
     g.link(sampler, 0, decode, "samples")
     save_video(g, decode, 200, 8.0, "CHAI_toy", save_size=(400, 460))

@@ -392,3 +392,12 @@ def test_a_checkpoint_from_before_a_run_field_existed_resumes_with_that_fields_d
     assert again.step == 1 and again.lineage == []
     with pytest.raises(ValueError, match="temporal_weight"):
         Trainer(TrainConfig(out_dir=str(tmp_path), temporal_weight=0.5, **TINY)).load()
+
+
+def test_kept_text_is_the_prompt_as_far_as_the_encoder_reads_it():
+    from comfyui_chai.toyworld.text import kept_text, words
+
+    long = "A red ball bouncing across a sunny beach. " + "Then a city street at night, " * 30
+    kept = kept_text(long, 20)
+    assert words(kept) == words(long)[:20] and long.startswith(kept)
+    assert "city street" in kept and kept_text("a red ball", 20) == "a red ball" and kept_text("a b", 0) == ""

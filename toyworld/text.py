@@ -36,6 +36,14 @@ def words(prompt: str) -> list[str]:
     return WORD.findall(prompt.lower())
 
 
+def kept_text(prompt: str, max_words: int) -> str:
+    """The prompt as written, cut after its `max_words`-th word token (what the encoder reads of it)."""
+    found = list(re.finditer(r"[A-Za-z0-9][A-Za-z0-9'-]*", prompt))
+    if len(found) <= max_words:
+        return prompt
+    return prompt[:found[max_words - 1].end()] if max_words > 0 else ""
+
+
 @dataclass(frozen=True)
 class ToyTextEncoder:
     """Hashed bag-of-words caption features: y [B, 1, max_tokens, dim] and mask [B, max_tokens]."""
