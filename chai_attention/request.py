@@ -144,7 +144,8 @@ def reuse_note(mode: str, plan_sigmas: Sequence[float], config: ChaiConfig, why:
     steps = len(plan_sigmas) - 1
     if restart is not None:
         head = (f"{mode}: from the donor's latent at sigma {restart.sigma:.3f} ({steps} steps of the "
-                f"{restart.schedule.total}-step schedule from step {restart.schedule.start_step + 1})")
+                f"{restart.schedule.total}-step schedule from step {restart.schedule.start_step + 1})"
+                + (f" ({why})" if why else ""))
     else:
         head = f"{mode}: {steps} steps from noise" + (f" ({why})" if why else "")
     saved = config.full_steps - steps
@@ -165,7 +166,10 @@ def plan_request(hit: CacheHit | None, *, fingerprint: str, shape: Sequence[int]
         mode, fallback = choose_reuse(hit, config)
         restart, raw = None, fast_raw
         if mode in (RESTART, BOTH):
-            restart, raw = _restart_start(hit, config, schedule)
+            try:
+                restart, raw = _restart_start(hit, config, schedule)
+            except ValueError as exc:  # a schedule with no tail to start from (a sampler that reshapes it)
+                mode, fallback = CACHE_ATTENTION, f"no restart on this schedule: {exc}"
         sigmas = as_sigmas(raw)
         run = None
         if mode in (CACHE_ATTENTION, BOTH):

@@ -191,3 +191,12 @@ def test_pipeline_subject_only_hit_borrows_attention_instead(model, cache):
     hit = pipe.generate(NO_SCENE, seed=2)
     assert hit.report.mode == "fast" and hit.report.reuse == "cache_attention"
     assert hit.report.fired_steps == (5, 6) and "not the scene" in hit.report.reuse_note
+
+
+def test_a_schedule_without_a_tail_to_start_from_falls_back_to_cache_attention():
+    def reshaping(n):  # like dpm_2's: not n + 1 sigmas
+        return toy_sigmas(2 * n)
+
+    plan = plan_request(_hit(scene=True), fingerprint="f", shape=(1, 4, 2, 4, 4),
+                        config=ChaiConfig(reuse="restart"), adapter=_Adapter(), schedule=reshaping)
+    assert plan.reuse == "cache_attention" and "no restart on this schedule" in plan.report.reuse_note
