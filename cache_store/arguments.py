@@ -53,6 +53,8 @@ def check_fingerprint(fingerprint: Any) -> str:
     if not isinstance(fingerprint, str) or not fingerprint:
         got = "an empty str" if fingerprint == "" else _kind(fingerprint)
         raise CacheArgumentError(f"fingerprint must be a non-empty str naming the model, got {got}")
+    if "\0" in fingerprint:
+        raise CacheArgumentError("fingerprint holds a NUL character, which no backend can store alike; remove it")
     return fingerprint
 
 

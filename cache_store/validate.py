@@ -51,6 +51,8 @@ def check_text(value: object, what: str, limit: int, empty_ok: bool = False) -> 
         raise InvalidEntryError(f"{what} must be a non-empty string")
     if len(value) > limit:
         raise InvalidEntryError(f"{what} is longer than {limit} characters")
+    if "\0" in value:  # texts a user typed arrive escaped (naming.encodable_text); this is a name or an id
+        raise InvalidEntryError(f"{what} holds a NUL character, which no backend can store alike; remove it")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:

@@ -169,3 +169,34 @@ def test_a_full_server_disk_is_said_so_and_not_taken_for_an_unreachable_server(o
     written = cache.write("a dog", ents("dog"), FP, latents(1), SIGMAS)
     assert not written.stored and "disk is full" in written.reason and "unreachable" not in written.reason
     cache.close()
+
+
+def test_a_nul_in_a_fingerprint_or_an_embedder_name_is_refused_alike_by_both_backends(opener):
+    from comfyui_chai.cache_store.errors import InvalidEntryError
+
+    with opener("nulfp") as s:
+        with pytest.raises(InvalidEntryError, match="fingerprint holds a NUL"):
+            s.insert("a dog", ents("dog"), FP + "\x00x", latents(1), SIGMAS)
+        with pytest.raises(InvalidEntryError, match="embedder holds a NUL"):
+            s.insert("a dog", ents("dog", embedder="mini\x00lm"), FP, latents(1), SIGMAS)
+        assert s.stats().entries == 0
+        s.insert("a dog", ents("dog"), FP, latents(1), SIGMAS)
+        miss = s.lookup(ents("dog"), FP + "\x00", SHAPE, HitRule(THR))
+        assert not miss.hit and "NUL" in miss.reason
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="counts bytes read through /proc/self/io")
+def test_a_rebuild_of_a_lost_manifest_judges_a_huge_stray_file_by_the_opener_budget_unread(tmp_path):
+    from comfyui_chai.cache_store.folder.manifest import MANIFEST_NAME
+
+    root = tmp_path / "c"
+    fill(root, 2)
+    for suffix in ("", "-wal", "-shm"):
+        (root / (MANIFEST_NAME + suffix)).unlink(missing_ok=True)  # the budget it held is gone with it
+    _huge_file(root / "latents" / STRAY, header=True)
+    before = _bytes_read()
+    with CacheStore(root) as s:
+        assert s.stats().entries == 2  # the real entries are adopted again
+        assert any(STRAY in line for line in s.warnings)
+    assert _bytes_read() - before < 64 * 1024**2
+    assert not (root / "latents" / STRAY).exists()

@@ -143,11 +143,14 @@ def unlisted_files(manifest: Manifest, latent_dir: Path) -> list[str]:
     return [name for _, name in sorted(found)]
 
 
-def adopt_files(manifest: Manifest, root: Path, latent_dir: Path, names: list[str], log_: RecoveryLog) -> None:
-    """Validate files and add the intact ones in one transaction; quarantine the others with their reason."""
+def adopt_files(manifest: Manifest, root: Path, latent_dir: Path, names: list[str], log_: RecoveryLog,
+                budget: int | None = None) -> None:
+    """Validate files and add the intact ones in one transaction; quarantine the others with their reason.
+    No entry is larger than the cache's budget: the stored one, else `budget` (the opener's or the default, for a
+    rebuilt manifest that holds none), so a larger file is refused unread."""
     embedder, dim_text = manifest.meta("embedder"), manifest.meta("dim")
     dim = int(dim_text) if dim_text and dim_text.isdigit() else None
-    limit = stored_setting("budget_bytes", manifest.meta("budget_bytes"))  # no entry is larger (None: rebuilt)
+    limit = stored_setting("budget_bytes", manifest.meta("budget_bytes")) or budget
     good: list[tuple[str, EntryRecord, bytes]] = []
     for name in names:
         path = latent_dir / name
@@ -172,7 +175,7 @@ def adopt_files(manifest: Manifest, root: Path, latent_dir: Path, names: list[st
     log_.adopted += [name for name, _, _ in good]
 
 
-def rebuild_manifest(root: Path, latent_dir: Path, reason: str) -> RecoveryLog:
+def rebuild_manifest(root: Path, latent_dir: Path, reason: str, budget: int | None = None) -> RecoveryLog:
     """Build a new manifest from the latent files in a temporary database and rename it into place."""
     log.warning("[CHAI] rebuilding the cache manifest in %s from its latent files (%s)", root, reason)
     log_ = RecoveryLog(notes=[f"rebuilt the manifest from the latent files ({reason})"])
@@ -182,7 +185,7 @@ def rebuild_manifest(root: Path, latent_dir: Path, reason: str) -> RecoveryLog:
         try:
             names = sorted((p for p in latent_dir.iterdir() if is_entry_file_name(p.name)),
                            key=lambda p: p.lstat().st_mtime)
-            adopt_files(fresh, root, latent_dir, [p.name for p in names], log_)
+            adopt_files(fresh, root, latent_dir, [p.name for p in names], log_, budget)
             fresh.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             fresh.close()
@@ -211,20 +214,20 @@ def _remove_rebuild(tmp: Path, with_db: bool) -> None:
             pass
 
 
-def open_manifest(root: Path, latent_dir: Path) -> tuple[Manifest, RecoveryLog]:
+def open_manifest(root: Path, latent_dir: Path, budget: int | None = None) -> tuple[Manifest, RecoveryLog]:
     """The folder's manifest, rebuilt from the files first when SQLite or the schema make it unusable."""
     path = root / MANIFEST_NAME
     try:
         return Manifest(path), RecoveryLog()
     except ManifestDamagedError as exc:
-        log_ = rebuild_manifest(root, latent_dir, str(exc))
+        log_ = rebuild_manifest(root, latent_dir, str(exc), budget)
         return Manifest(path), log_
 
 
-def adopt_unlisted(manifest: Manifest, root: Path, latent_dir: Path) -> RecoveryLog:
+def adopt_unlisted(manifest: Manifest, root: Path, latent_dir: Path, budget: int | None = None) -> RecoveryLog:
     """Adopt or quarantine every entry-named file no row lists (non-regular ones are quarantined)."""
     log_ = RecoveryLog()
     names = unlisted_files(manifest, latent_dir)
     if names:
-        adopt_files(manifest, root, latent_dir, names, log_)
+        adopt_files(manifest, root, latent_dir, names, log_, budget)
     return log_

@@ -56,8 +56,9 @@ class CacheStore(StoreBase):
         self._writer = FileLock(str(self.root / LOCK_NAME), timeout=lock_timeout)
         with self._writer:
             sweep_temporaries(self.root, self.latent_dir, self.index_dir)
-            self.manifest, opened = open_manifest(self.root, self.latent_dir)
-            adopted = adopt_unlisted(self.manifest, self.root, self.latent_dir)
+            budget = self.config.budget_bytes or DEFAULT_BUDGET_BYTES  # for a manifest that lost its own
+            self.manifest, opened = open_manifest(self.root, self.latent_dir, budget)
+            adopted = adopt_unlisted(self.manifest, self.root, self.latent_dir, budget)
             self.warnings = opened.lines() + adopted.lines() + self._missing_files()
             with self.manifest.write() as cur:
                 recount_bytes(cur)

@@ -28,6 +28,9 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     t0 = time.perf_counter()
     if len(entities) == 0:
         return LookupResult(False, "the prompt has no entities to match", timings=timings)
+    if "\0" in fingerprint:  # no backend stores one (PostgreSQL text cannot hold NUL): the same miss on both
+        return LookupResult(False, "the model fingerprint holds a NUL character; no entry can match it",
+                            timings=timings)
     stored = src.stored_embedder()
     if stored is None:
         return LookupResult(False, "the cache is empty", timings=timings)
