@@ -29,9 +29,9 @@ class DonorSet:
     origin when the generation kept one (`origin`: the sigma it was taken at and the latent less its noise)."""
 
     def __init__(self, donors: Sequence[Donor], origin: Donor | None = None) -> None:
-        if not donors:
+        if not donors and origin is None:
             raise ValueError("a donor set needs at least one latent")
-        shape = tuple(donors[0].latent.shape)
+        shape = tuple((donors[0] if donors else origin).latent.shape)  # type: ignore[union-attr]
         for d in [*donors, *([origin] if origin is not None else [])]:
             if tuple(d.latent.shape) != shape:
                 raise ValueError(f"donor latents differ in shape: {tuple(d.latent.shape)} and {shape}")
@@ -44,7 +44,7 @@ class DonorSet:
     @property
     def shape(self) -> tuple[int, ...]:
         """Shape shared by the latents."""
-        return tuple(self.donors[0].latent.shape)
+        return tuple((self.donors[0] if self.donors else self.origin).latent.shape)  # type: ignore[union-attr]
 
     @property
     def sigmas(self) -> tuple[float, ...]:
@@ -142,6 +142,9 @@ class DonorCapture:
 
     def problem(self) -> str:
         """Why the capture is incomplete ('' when it is complete)."""
+        if not self.plan.indices and not self.plan.final and self.origin() is None:
+            return ("the run kept no latent to reuse (no cache steps, and no restart latent: the run did not start "
+                    "from pure noise, or never reached restart_sigma); nothing to store")
         if not self.missing:
             return ""
         steps = ", ".join(str(i + 1) for i in self.missing if i >= 0) or "the final latent"

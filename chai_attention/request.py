@@ -101,6 +101,8 @@ def usable_run(hit: CacheHit | None, fingerprint: str, shape: Sequence[int], con
         return None, why
     if hit.donors is None:  # unusable_reason refuses a hit without donors
         raise ValueError("a usable cache hit must carry its donor latents")
+    if not len(hit.donors) and config.cache_steps:
+        return None, "the cached entry holds no Cache Attention donors, only a restart latent"
     run = run_cls(config, fast_sigmas, hit.donors)
     try:
         adapter.check_run(run, tuple(shape))
@@ -164,15 +166,17 @@ def plan_request(hit: CacheHit | None, *, fingerprint: str, shape: Sequence[int]
     why = hit.unusable_reason(fingerprint, tuple(shape)) if hit is not None else None
     if hit is not None and why is None:
         mode, fallback = choose_reuse(hit, config)
+        if mode == CACHE_ATTENTION and fallback and not config.cache_steps:
+            why = f"{fallback}, and no cache steps are set to borrow attention at"  # a plain fast run reuses nothing
         restart, raw = None, fast_raw
-        if mode in (RESTART, BOTH):
+        if why is None and mode in (RESTART, BOTH):
             try:
                 restart, raw = _restart_start(hit, config, schedule)
             except ValueError as exc:  # a schedule with no tail to start from (a sampler that reshapes it)
                 mode, fallback = CACHE_ATTENTION, f"no restart on this schedule: {exc}"
         sigmas = as_sigmas(raw)
         run = None
-        if mode in (CACHE_ATTENTION, BOTH):
+        if why is None and mode in (CACHE_ATTENTION, BOTH):
             run, why = usable_run(hit, fingerprint, shape, config, adapter, sigmas, run_cls)
             if why is not None and mode == BOTH:  # the restart needs nothing of the adapter
                 mode, fallback, why = RESTART, f"no Cache Attention after it: {why}", None

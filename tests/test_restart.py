@@ -200,3 +200,29 @@ def test_a_schedule_without_a_tail_to_start_from_falls_back_to_cache_attention()
     plan = plan_request(_hit(scene=True), fingerprint="f", shape=(1, 4, 2, 4, 4),
                         config=ChaiConfig(reuse="restart"), adapter=_Adapter(), schedule=reshaping)
     assert plan.reuse == "cache_attention" and "no restart on this schedule" in plan.report.reuse_note
+
+
+def test_a_distilled_4_step_run_restarts_a_hit_with_one_step_skipped(model, cache, ):
+    """The distilled path: 4 steps at cfg 1 on a miss, a hit restarts at sigma 0.75 and runs 3 (restart.py)."""
+    from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline
+
+    seen: list[int] = []
+    handle = model.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
+    try:
+        pipe = ChaiPipeline(model, cache, ChaiConfig(full_steps=4, fast_steps=3, cache_steps="", reuse="restart",
+                                                     restart_sigma=0.75),
+                            text_encode=toy_text_encode, video=VIDEO, cfg=1.0, schedule=toy_sigmas)
+        miss = pipe.generate(DONOR, seed=1)
+        assert miss.report.steps == 4 and miss.donors.origin.sigma == pytest.approx(0.75) and seen == [1] * 4
+        seen.clear()
+        hit = pipe.generate(SAME_SCENE, seed=2)
+    finally:
+        handle.remove()
+    assert hit.report.reuse == "restart" and hit.report.steps == 3 and seen == [1] * 3  # cfg 1: one pass a step
+    assert "3 model evaluations per CFG branch against the miss's 4 (1 saved, 1.33x)" in hit.report.reuse_note
+
+
+def test_a_hit_that_cannot_restart_and_has_no_cache_steps_is_a_miss_that_says_why():
+    plan = _plan(_hit(scene=False), reuse="restart", cache_steps="")
+    assert plan.mode == "full" and plan.report.hit_unusable
+    assert "not the scene" in plan.report.reason and "no cache steps" in plan.report.reason
