@@ -69,7 +69,8 @@ class DonorSet:
     def from_entry(cls, latents: Mapping[str, Any], sigmas: Sequence[float]) -> "DonorSet":
         """Rebuild from a cache entry's tensors and sigmas as `to_entry` named them."""
         sigmas = [float(s) for s in sigmas]
-        donors, origins = [], []
+        donors: list[Donor] = []
+        origins: list[Donor] = []
         for name, tensor in latents.items():
             m = _NAME_RE.match(name)
             if m is None:
