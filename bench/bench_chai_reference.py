@@ -187,16 +187,16 @@ def main() -> None:
                        torch.zeros(2, 1, cfg.model_max_length, cfg.caption_channels))
         misses, hits, ca_hits = [], [], []
 
-        def generate(prompt: str, seed: int):
+        def generate(prompt: str, seed: int, via: ChaiPipeline | None = None):
             cpu = time.process_time()
-            result = pipe.generate(prompt, seed)
+            result = (via or pipe).generate(prompt, seed)
             result.report.timings["cpu"] = time.process_time() - cpu
             return result
 
         for i, (donor_prompt, prompt) in enumerate(pairs):
             miss = generate(donor_prompt, i)
             hit = generate(prompt, 100 + i)
-            ca = pipe_ca.generate(prompt, 100 + i)
+            ca = generate(prompt, 100 + i, pipe_ca)
             if miss.report.mode != "full" or hit.report.reuse != "restart" or ca.report.reuse != "cache_attention":
                 raise SystemExit(f"expected a miss, a restart hit and a Cache Attention hit, got "
                                  f"{miss.report.mode}/{hit.report.reuse}/{ca.report.reuse}:\n{hit.report.text()}")
@@ -212,6 +212,7 @@ def main() -> None:
     miss_total, hit_total = med(misses, "total"), med(hits, "total")
     ratio = miss_total / hit_total
     ratio_ca = miss_total / med(ca_hits, "total")
+    ratio_ca_cpu = med(misses, "cpu") / med(ca_hits, "cpu")
     ratio_cpu = med(misses, "cpu") / med(hits, "cpu")
     step = step_cost(model, video, config, reps)
     patch_pct = (step["patched_wall"] - step["plain_wall"]) / step["plain_wall"] * 100
@@ -246,7 +247,7 @@ def main() -> None:
     print(table(["measure", "wall", "cpu", "target", ""], [
         ["miss / hit time (restart, the default)", f"{ratio:.2f}x", f"{ratio_cpu:.2f}x", f">= {TARGETS['ratio']}x",
          ok(min(ratio, ratio_cpu) >= TARGETS["ratio"])],
-        ["miss / hit time (Cache Attention)", f"{ratio_ca:.2f}x", "", "", ""],
+        ["miss / hit time (Cache Attention)", f"{ratio_ca:.2f}x", f"{ratio_ca_cpu:.2f}x", "", ""],
         ["  (sampling steps alone would give)", f"{config.full_steps / config.fast_steps:.2f}x", "", "", ""],
         ["lookup + write (ms)", f"{(lookup + write) * 1e3:.1f}", "", "", ""],
         ["lookup + write (% of a hit)", f"{store_pct:.2f}", "", f"<= {TARGETS['overhead']:.0f}",
