@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 
 class ListedCombo(io.Combo.Input):
