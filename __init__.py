@@ -14,7 +14,7 @@ WEB_DIRECTORY = "./web"
 
 async def comfy_entrypoint() -> Any:
     """Return the CHAI ComfyExtension (called by ComfyUI after importing the pack)."""
-    from comfy_api.latest import ComfyExtension
+    from comfy_api.v0_0_2 import ComfyExtension
 
     class ChaiExtension(ComfyExtension):
         """Lists the CHAI nodes."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 from ..chai_attention.adapters import supported_families
 from ..chai_attention.comfy.apply import AppliedRun, chai_apply

@@ -5,7 +5,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 from ..cache_store import CacheUnavailableError, budget_from_gb
 from ..cache_store.naming import validate_cache_name

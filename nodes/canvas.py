@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from comfy_api.latest import ui
+from comfy_api.v0_0_2 import ui
 
 from ..chai_attention.status import one_line
 

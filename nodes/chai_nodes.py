@@ -12,7 +12,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 from ..cache_store import CacheUnavailableError, EmbedderMismatchError, EntryTooLargeError
 from ..cache_store.entities.embedders.function import FunctionEmbedder

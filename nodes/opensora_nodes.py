@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 import torch
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 from ..opensora.captions import T5_EOS_ID, prepare_caption, truncate_tokens
 from ..opensora.choices import (ASPECT_CHOICES, DEFAULT_ASPECT, DEFAULT_FRAMES, DEFAULT_RESOLUTION,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 from ..opensora.comfy_vae import (LATENT_INFO_KEY, OpenSoraComfyVAE, frames_for_latent, latent_info, load_opensora_vae,
                                   make_latent_info)

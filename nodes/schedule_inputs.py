@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import comfy.samplers
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 from ..chai_attention import constants
 from ..chai_attention.comfy.schedule import OPENSORA_SCHEDULER, node_schedule

@@ -1,7 +1,7 @@
 """The custom socket types the CHAI nodes hand each other, and their menu category."""
 from __future__ import annotations
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 CATEGORY = "CHAI"
 CHAI_CACHE = io.Custom("CHAI_CACHE")  # cache_store.service.ChaiCache

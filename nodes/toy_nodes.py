@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
 
 from ..opensora.comfy_model import is_opensora, null_caption
 from ..toyworld.comfy_adapter import (DEFAULT_UPSCALE, MAX_BATCH, MAX_UPSCALE, PLAYBACK_FPS, decode_frames,

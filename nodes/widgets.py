@@ -3,7 +3,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from comfy_api.latest import io
+from comfy_api.v0_0_2 import io
+
+
+class ComboOptions(list):
+    """A combo's option list used as its input type: a list, and hashable.
+
+    v0.3.64 validates a value against an input type that is a list; newer ComfyUI (read, not run; see
+    docs/comfyui-compat.md) looks every V3 input type up in a dict while it gathers a node's inputs, and a plain list
+    cannot be looked up.
+    """
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(self))
 
 
 class ListedCombo(io.Combo.Input):
@@ -16,7 +28,7 @@ class ListedCombo(io.Combo.Input):
     """
 
     def get_io_type(self) -> Any:
-        return list(self.options)
+        return ComboOptions(self.options)
 
 
 def combo(id: str, options: list, **kwargs: Any) -> ListedCombo:
