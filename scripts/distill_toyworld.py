@@ -1,6 +1,7 @@
 """Distil the lab's toy STDiT3 into a 4-step student at guidance 1 (`lab/distill.py`), resumable and time-budgeted.
 
-    python scripts/distill_toyworld.py --out toy_distill --threads 2                 # the shipped student
+    python scripts/distill_toyworld.py --out toy_distill --threads 1 --max-steps 1000 --use-clips 768
+                                           # the shipped student (toyworld/weights/toyworld_detail_stdit3_4step)
     python scripts/distill_toyworld.py --out toy_distill --threads 2 --minutes 30    # a part; rerun to continue
     python scripts/distill_toyworld.py --out toy_gpu --device cuda --clips 8192 --max-steps 8000
 

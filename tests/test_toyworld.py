@@ -401,3 +401,27 @@ def test_kept_text_is_the_prompt_as_far_as_the_encoder_reads_it():
     kept = kept_text(long, 20)
     assert words(kept) == words(long)[:20] and long.startswith(kept)
     assert "city street" in kept and kept_text("a red ball", 20) == "a red ball" and kept_text("a b", 0) == ""
+
+
+def test_the_shipped_4_step_student_records_its_recipe_and_renders_a_held_out_prompt_in_4_steps_at_cfg_1():
+    import json
+
+    from comfyui_chai.opensora.loading import read_checkpoint_header
+    from comfyui_chai.toyworld.detect import detect
+    from comfyui_chai.toyworld.model import distilled_weights, load_toy_model
+    from comfyui_chai.toyworld.prompts import make_split
+    from lab.evaluate import generate
+
+    facts = json.loads(read_checkpoint_header(distilled_weights())[1]["toyworld"])
+    recipe = facts["distilled"]
+    assert recipe["steps"] == 4 and recipe["cfg"] == 1.0 and recipe["sigmas"] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    assert recipe["teacher"] == "toyworld_detail_stdit3.safetensors" and recipe["train_steps"] == 1000
+    import numpy as np
+
+    from comfyui_chai.toyworld.prompts import caption
+
+    combos = make_split(0, 0.1).held_out[:2]
+    rng = np.random.default_rng(3)
+    clips = generate(load_toy_model(distilled_weights()), [caption(c, rng) for c in combos], [7, 8], steps=4,
+                     cfg=1.0)
+    assert [detect(c).as_tuple() for c in clips] == [tuple(c) for c in combos]

@@ -112,6 +112,16 @@ WEIGHTS_NAME = "toyworld_stdit3.safetensors"
 LAB_WEIGHTS_NAME = "toyworld_detail_stdit3.safetensors"
 
 
+# The lab model distilled into a 4-step student at guidance 1 (lab/distill.py, scripts/distill_toyworld.py): the
+# toy analogue of the few-step "lightning" LoRAs; sample it at 4 steps, cfg 1, sigmas 1, .75, .5, .25, 0.
+DISTILLED_WEIGHTS_NAME = "toyworld_detail_stdit3_4step.safetensors"
+
+
+def distilled_weights() -> Path:
+    """The quality lab's 4-step guidance-1 student."""
+    return WEIGHTS_DIR / DISTILLED_WEIGHTS_NAME
+
+
 def default_weights() -> Path:
     """The trained toy-world STDiT3 shipped with the pack (the demo's and the nodes' model)."""
     return WEIGHTS_DIR / WEIGHTS_NAME
