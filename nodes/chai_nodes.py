@@ -215,8 +215,9 @@ class Sampler(io.ComfyNode):
                                        "example OpenSora 1.2 7.0, Wan 2.1 5-6, LTX-Video 3; HunyuanVideo 1.0 is "
                                        "guidance-distilled: its guidance comes from FluxGuidance)."),
                 combo("sampler_name", options=SAMPLERS, default="euler",
-                               tooltip="Sampler. 'euler' (OpenSora's own) or 'uni_pc' (Wan's template) work best; "
-                                       "two-evaluation samplers (heun, dpm_2) are supported, Cache Attention "
+                               tooltip="Sampler. 'euler' (OpenSora's own), 'uni_pc' (Wan's template); in the "
+                                       "pack's quality lab 'dpmpp_2m' at 8 steps matched 30 Euler steps. "
+                                       "Two-evaluation samplers (heun, dpm_2) are supported, Cache Attention "
                                        "fires only where the model is evaluated at a cache step's noise level."),
                 combo("scheduler", options=SCHEDULERS, default="simple",
                                tooltip="Noise schedule. 'opensora' is OpenSora 1.2's exact schedule from the "
