@@ -24,7 +24,8 @@ from .config import ChaiConfig
 from .constants import BOTH, CACHE_ATTENTION, FAST, FULL, RESTART
 from .donors import DonorCapture, DonorSet
 from .payloads import CacheHit, ChaiReport, SampleTrace
-from .restart import RestartSchedule, capture_index, restart_schedule, serves, started_from_noise
+from .restart import (MIN_RESTART_FULL_STEPS, RestartSchedule, capture_index, restart_schedule, serves,
+                      started_from_noise)
 from .run import CacheAttentionRun
 from .steps import CapturePlan, as_sigmas, plan_for_config
 
@@ -117,7 +118,10 @@ def choose_reuse(hit: CacheHit, config: ChaiConfig) -> tuple[str, str]:
     if config.reuse == CACHE_ATTENTION:
         return CACHE_ATTENTION, ""
     origin = hit.donors.origin if hit.donors is not None else None
-    if origin is None:
+    if config.full_steps < MIN_RESTART_FULL_STEPS:
+        why = (f"no restart below {MIN_RESTART_FULL_STEPS} full steps: on a few-step (distilled) model the quality "
+               "lab found a restart worse than the model's own run (docs/quality-lab.md)")
+    elif origin is None:
         why = "the cached entry kept no restart latent (stored before restarts, or its run did not start from noise)"
     elif not serves(origin.sigma, config.restart_sigma):
         why = (f"the cached entry's restart latent is at sigma {origin.sigma:.3f}, not near restart_sigma "

@@ -25,6 +25,10 @@ from torch import Tensor
 
 from .steps import as_sigmas, nearest_index
 
+# In the quality lab a same-scene restart beat the 30-step run of the 30-step model but was worse than its own
+# 4 steps (and than plain 3) on the distilled 4-step student (docs/quality-lab.md): below this many full steps a
+# hit does not restart. Between 4 and 30 nothing was measured; 16 keeps the measured 30-step case.
+MIN_RESTART_FULL_STEPS = 16
 MAX_TOTAL_FACTOR = 20  # T is searched in n + 1 .. 20 n (a restart at sigma 0.05 would need about 20 n)
 START_TOLERANCE = 0.05  # a stored origin serves a restart whose sigma is within this of the origin's
 PURE_NOISE = 0.999  # a run whose first sigma is at least this started from pure noise
@@ -98,5 +102,5 @@ def serves(origin_sigma: float, target: float, tolerance: float = START_TOLERANC
     return abs(float(origin_sigma) - float(target)) <= tolerance + 1e-9
 
 
-__all__ = ["RestartSchedule", "restart_schedule", "capture_index", "started_from_noise", "origin", "renoise",
+__all__ = ["MIN_RESTART_FULL_STEPS", "RestartSchedule", "restart_schedule", "capture_index", "started_from_noise", "origin", "renoise",
            "serves", "START_TOLERANCE", "PURE_NOISE"]
