@@ -92,7 +92,8 @@ def report(clips: list[Clip], refs: dict, items: list[LabItem], grid_name: str, 
         plain = cells.get(("plain", "-", cond.steps, "-")) or (full if cond.steps == full_steps else None)
         rows.append(restart_row(cell, base, boot, None if cond.kind == "gt" else plain,
                                 None if cond.kind == "gt" else full))
-    comps = compare(cells, base, boot, comparisons_for(grid_name))
+    fixed = cluster_bootstrap(base, len(items), reps, redraw=False)  # the replaced method, for comparison only
+    comps = compare(cells, base, boot, comparisons_for(grid_name), fixed=fixed)
     aa = aa_checks(cells, base, boot, aa_for(grid_name))
     return {"rows": rows, "comparisons": comps, "aa": aa}
 
@@ -128,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=2000, help="bootstrap draws")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--report", type=Path, default=None, help="print the tables of a saved --json run")
     a = p.parse_args(argv)
+    if a.report is not None:
+        print_report(json.loads(a.report.read_text(encoding="utf-8")))
+        return 0
     torch.set_num_threads(a.threads)
     grid_name = "quick" if a.quick else a.grid
     n_prompts, seeds = (6, max(a.seeds, 2)) if a.quick else (a.prompts, a.seeds)

@@ -47,6 +47,7 @@ class ClusterBootstrap:
     clusters: int
     reps: int = 2000
     seed: int = 0
+    redraw: bool = True  # False: every draw meets the whole, fixed reference set (the method this replaces)
     picks: np.ndarray = field(init=False)
     _ref: list[tuple[np.ndarray, np.ndarray]] = field(init=False, default_factory=list)
     _draws: dict[str, np.ndarray] = field(init=False, default_factory=dict)
@@ -59,9 +60,9 @@ class ClusterBootstrap:
         members = self.reference.members(self.clusters)
         if any(len(m) == 0 for m in members):
             raise ValueError("every combination needs its share of the reference set")
-        self._ref = [gaussian(self.reference.features[np.concatenate([members[p] for p in pick])])
-                     for pick in self.picks]
         self._ref_point = gaussian(self.reference.features)
+        self._ref = [gaussian(self.reference.features[np.concatenate([members[p] for p in pick])])
+                     if self.redraw else self._ref_point for pick in self.picks]
 
     def point(self, cell: Clustered) -> float:
         """The Frechet distance of the cell to the whole reference set."""

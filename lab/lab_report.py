@@ -135,14 +135,15 @@ def reference_groups(n_clips: int, n_items: int) -> np.ndarray:
     return np.arange(n_clips) % n_items
 
 
-def cluster_bootstrap(base: Baselines, n_items: int, reps: int, seed: int = 0) -> "ClusterBootstrap":
+def cluster_bootstrap(base: Baselines, n_items: int, reps: int, seed: int = 0,
+                      redraw: bool = True) -> "ClusterBootstrap":
     """The lab's interval method on the projected reference features (see `lab/intervals.py`)."""
     from lab.intervals import ClusterBootstrap, Clustered
 
     if base.reference_groups is None:
         raise ValueError("the baselines know no reference groups")
     return ClusterBootstrap(Clustered(base.project(base.reference_features), base.reference_groups), n_items,
-                            reps, seed)
+                            reps, seed, redraw)
 
 
 def clustered(cell: Cell, base: Baselines, keep: Sequence[bool] | None = None, name: str = "") -> "Clustered":

@@ -41,6 +41,9 @@ def restart_row(cell: Cell, base: Baselines, boot: ClusterBootstrap, plain: Cell
         "leak": leaked / pairs if pairs else math.nan,
         "layout": float(np.mean([x.layout for x in s])), "palette": float(np.mean([x.palette for x in s])),
         "fd": boot.interval(_cl(cell, base)),
+        # seed 0 only (one clip per combination): comparable across conditions whatever their seed diversity
+        # (a condition that ignores the seed has K copies of each clip, and FD's small-sample bias grows as 1/N)
+        "fd_seed0": boot.interval(clustered(cell, base, [c.seed == 0 for c in cell.clips], f"{cell.key!r} seed 0")),
         "seed_psnr": seed_psnr(cell),
         "psnr_full": float(np.mean([x.psnr for x in s if math.isfinite(x.psnr)] or [math.nan])),
         "fired": sorted({tuple(c.fired) for c in cell.clips}),
@@ -53,8 +56,10 @@ def restart_row(cell: Cell, base: Baselines, boot: ClusterBootstrap, plain: Cell
 
 
 def compare(cells: dict[CellKey, Cell], base: Baselines, boot: ClusterBootstrap,
-            comparisons: Sequence[tuple[CellKey, CellKey]], alpha: float = 0.05) -> list[dict[str, Any]]:
-    """The fixed comparisons at the Bonferroni level (m = the whole list), with Holm-adjusted p-values."""
+            comparisons: Sequence[tuple[CellKey, CellKey]], alpha: float = 0.05,
+            fixed: ClusterBootstrap | None = None) -> list[dict[str, Any]]:
+    """The fixed comparisons at the Bonferroni level (m = the whole list), with Holm-adjusted p-values; with
+    `fixed` (the same draws against a fixed reference), that method's interval beside for comparison."""
     level = bonferroni_level(len(comparisons), alpha)
     out = []
     for a, b in comparisons:
@@ -63,6 +68,8 @@ def compare(cells: dict[CellKey, Cell], base: Baselines, boot: ClusterBootstrap,
             continue
         d, lo, hi, p = boot.difference(_cl(cells[a], base), _cl(cells[b], base), level)
         out.append({"a": list(a), "b": list(b), "run": True, "d": d, "lo": lo, "hi": hi, "p": p, "level": level})
+        if fixed is not None:
+            out[-1]["fixed"] = list(fixed.difference(_cl(cells[a], base), _cl(cells[b], base), level)[1:3])
     run = [c for c in out if c["run"]]
     for c, adj in zip(run, holm([c["p"] for c in run]) if run else []):
         c["p_holm"] = adj
@@ -99,14 +106,15 @@ def _db(x: float) -> str:
 
 def table_body(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """(header, body) of the restart table."""
-    head = ["condition", "evals", "attrs %", "leak %", "layout", "palette x1e3", "FD [95%]", "FD - plain N [95%]",
-            "FD - full [95%]", "seed PSNR dB"]
+    head = ["condition", "evals", "attrs %", "leak %", "layout", "palette x1e3", "FD [95%]", "FD seed 0",
+            "FD - plain N [95%]", "FD - full [95%]", "seed PSNR dB"]
     body = []
     for r in rows:
         fd = r["fd"]
         body.append([r["label"], str(r["evals"]), f"{100 * r['attrs']:.1f}",
                      "-" if math.isnan(r["leak"]) else f"{100 * r['leak']:.1f}", f"{r['layout']:.3f}",
                      f"{1000 * r['palette']:.1f}", f"{fd[0]:.1f} [{fd[1]:.1f}, {fd[2]:.1f}]",
+                     f"{r['fd_seed0'][0]:.1f}" if "fd_seed0" in r else "-",
                      _ci(r.get("d_plain")), _ci(r.get("d_full")), _db(r["seed_psnr"])])
     return head, body
 
@@ -120,8 +128,9 @@ def comparison_lines(comps: Sequence[dict[str, Any]]) -> list[str]:
             lines.append(f"  {name:60s} not run in this grid")
             continue
         star = "*" if excludes_zero(c["lo"], c["hi"]) else " "
+        fixed = (f"  fixed reference [{c['fixed'][0]:+.1f}, {c['fixed'][1]:+.1f}]" if "fixed" in c else "")
         lines.append(f"  {name:60s} {c['d']:+7.1f} [{c['lo']:+7.1f}, {c['hi']:+7.1f}]{star} "
-                     f"p {c['p']:.4f}  Holm {c['p_holm']:.4f}")
+                     f"p {c['p']:.4f}  Holm {c['p_holm']:.4f}{fixed}")
     return lines
 
 

@@ -193,3 +193,11 @@ def test_restart_runner_end_to_end_on_two_prompts(monkeypatch, capsys):
                        "--reps", "30"]) == 0
     out = capsys.readouterr().out
     assert "restart 0.75 x3 scene" in out and "A/A" in out and "2 held-out prompts x 2 seeds" in out
+
+
+def test_a_fixed_reference_keeps_the_distance_of_a_cell_equal_to_it_above_zero():
+    rng = np.random.default_rng(4)
+    ref = _synthetic(rng, 30, 6)
+    fixed = ClusterBootstrap(ref, 30, reps=100, redraw=False)
+    # the method this replaces: a resampled copy of the reference meets the whole reference, FD > 0 on most draws
+    assert np.mean(fixed.draws(ref) > 1e-6) > 0.9
