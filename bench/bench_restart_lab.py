@@ -4,6 +4,7 @@ and a better few-step solver, on the 30-step lab model or on a distilled few-ste
     OMP_NUM_THREADS=1 python bench/bench_restart_lab.py --quick                    # 6 prompts, 2 seeds, smoke
     OMP_NUM_THREADS=1 python bench/bench_restart_lab.py --grid table --seeds 3     # the table, 90 prompts
     OMP_NUM_THREADS=1 python bench/bench_restart_lab.py --grid restart --prompts 30  # the full restart grid
+    COMFYUI_DIR=... python bench/bench_restart_lab.py --grid solvers   # plain / AB2 / dpmpp_2m against the restart
     OMP_NUM_THREADS=1 python bench/bench_restart_lab.py --grid distilled --model STUDENT.safetensors \\
         --cfg 1 --full-steps 4 --seeds 3                                             # the distilled student
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     grid_name = "quick" if a.quick else a.grid
     n_prompts, seeds = (6, max(a.seeds, 2)) if a.quick else (a.prompts, a.seeds)
-    if a.comfy and not comfy_available():
+    if (a.comfy or grid_name == "solvers") and not comfy_available():
         p.error("--comfy needs COMFYUI_DIR set to a ComfyUI tree whose samplers import")
     maker = GRIDS[grid_name]
     grid = maker(a.full_steps, comfy=a.comfy) if grid_name == "restart" else maker(a.full_steps)

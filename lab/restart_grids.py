@@ -4,7 +4,8 @@ comparisons each grid's claims rest on (read at the Bonferroni-corrected level, 
 "table": the issue-27 table on the 30-step model; "restart": the full restart grid (sigma 0.95 to 0.6, fast
 steps 8 / 6 / 4, every donor relation, the noise swap and Cache Attention after the restart at 0.8, and the solver
 control); "distilled": the 4-step guidance-1 student (plain 4 is its own full run) with restarts that skip one
-step (0.75, 3 steps) or two (0.5, 2 steps); "quick": a smoke subset of "table".
+step (0.75, 3 steps) or two (0.5, 2 steps); "quick": a smoke subset of "table"; "solvers": plain, AB2 and
+ComfyUI's dpmpp_2m at 8 / 6 / 4 beside the scene restart at 0.8 (needs COMFYUI_DIR).
 """
 from __future__ import annotations
 
@@ -60,7 +61,17 @@ def distilled_grid(full_steps: int = 4) -> list[Condition]:
     return out
 
 
-GRIDS = {"table": table_grid, "quick": quick_grid, "restart": restart_grid, "distilled": distilled_grid}
+def solvers_grid(full_steps: int = 30) -> list[Condition]:
+    """The solver check: plain, AB2 and ComfyUI's dpmpp_2m at 8 / 6 / 4 against the scene restart at 0.8."""
+    out = _full(full_steps)
+    for n in FAST:
+        out += [Condition("plain", n), Condition("solver", n, solver="ab2"), Condition("solver", n, solver="dpmpp_2m"),
+                Condition("restart", n, "scene", TABLE_SIGMA)]
+    return out
+
+
+GRIDS = {"table": table_grid, "quick": quick_grid, "restart": restart_grid, "distilled": distilled_grid,
+         "solvers": solvers_grid}
 
 
 def _rk(n: int, rel: str, sigma: float = TABLE_SIGMA) -> CellKey:
@@ -94,14 +105,21 @@ AA_4: tuple[CellKey, ...] = (_REF4, ("plain", "-", 3, "-"), ("plain", "-", 2, "-
                              _rk(2, "scene", 0.5))
 
 
+# Fixed before its run (after the 12-prompt restart grid showed dpmpp_2m at or below plain 30): the solver check.
+COMPARISONS_SOLVERS: tuple[tuple[CellKey, CellKey], ...] = (
+    (_rk(8, "scene"), ("solver", "-", 8, "dpmpp_2m")), (_rk(6, "scene"), ("solver", "-", 6, "dpmpp_2m")),
+    (("solver", "-", 8, "dpmpp_2m"), _REF30), (("solver", "-", 4, "dpmpp_2m"), _REF30),
+)
+
+
 def comparisons_for(grid: str) -> tuple[tuple[CellKey, CellKey], ...]:
-    """The fixed comparison list of a grid (the distilled one for "distilled", the 30-step one otherwise)."""
-    return COMPARISONS_4 if grid == "distilled" else COMPARISONS_30
+    """The fixed comparison list of a grid."""
+    return {"distilled": COMPARISONS_4, "solvers": COMPARISONS_SOLVERS}.get(grid, COMPARISONS_30)
 
 
 def aa_for(grid: str) -> tuple[CellKey, ...]:
     """The A/A conditions of a grid."""
-    return AA_4 if grid == "distilled" else AA_30
+    return AA_4 if grid == "distilled" else AA_30  # (the solver check runs one seed: no A/A)
 
 
 __all__ = ["GRIDS", "SIGMAS", "FAST", "TABLE_SIGMA", "COMPARISONS_30", "COMPARISONS_4", "AA_30", "AA_4",
