@@ -19,6 +19,7 @@ FAST = (8, 6, 4)
 
 
 def _full(full_steps: int) -> list[Condition]:
+    """Ground truth and the full run: every grid's first two rows."""
     return [Condition("gt"), Condition("reference", full_steps)]
 
 
@@ -75,6 +76,7 @@ GRIDS = {"table": table_grid, "quick": quick_grid, "restart": restart_grid, "dis
 
 
 def _rk(n: int, rel: str, sigma: float = TABLE_SIGMA) -> CellKey:
+    """The cell key of a swap restart."""
     return Condition("restart", n, rel, sigma).key
 
 

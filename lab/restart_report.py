@@ -25,6 +25,7 @@ def seed_psnr(cell: Cell) -> float:
 
 
 def _cl(cell: Cell, base: Baselines) -> Any:
+    """A cell's clustered features, named by its key (its bootstrap draws computed once)."""
     return clustered(cell, base, name=repr(cell.key))
 
 
@@ -95,12 +96,14 @@ def aa_checks(cells: dict[CellKey, Cell], base: Baselines, boot: ClusterBootstra
 
 
 def _ci(t: Sequence[float] | None, digits: int = 1) -> str:
+    """'+p [lo, hi]' or '-'."""
     if t is None:
         return "-"
     return f"{t[0]:+.{digits}f} [{t[1]:+.{digits}f}, {t[2]:+.{digits}f}]"
 
 
 def _db(x: float) -> str:
+    """A PSNR in dB ('identical' for inf)."""
     return "-" if math.isnan(x) else "identical" if math.isinf(x) else f"{x:.1f}"
 
 
