@@ -16,10 +16,13 @@ caption. Conditions, side by side in one run, on the same prompts and seeds:
     schedule (5-6, 6-7, 5-7, 7-8 of 8) for every relation at every N.
 Measures (`lab/measures.py`, `lab/features.py`): all four attributes right (detectors), donor leakage,
 flicker and high-frequency energy as ratios to ground truth, palette distance, layout error, the Frechet distance on
-summary features and on the toy world's learned video features against 640 ground-truth clips, with 95% bootstrap
-intervals over prompts; "FD - plain N" is the paired difference to plain sampling at the same N (negative: CHAI
-is closer to ground truth), and the verdict lines add the paired flicker and palette differences (starred when
-their interval excludes zero). PSNR / SSIM against the same-seed 30-step clip are secondary.
+summary features and on the toy world's learned video features against 640 ground-truth clips of the combinations
+run, with 95% bootstrap intervals over prompts; "FD - plain N" is the paired difference to plain sampling at the
+same N (negative: CHAI is closer to ground truth) by the lab's interval method (`lab/intervals.py`: held-out
+combinations resampled, the reference set redrawn from the same draw); restart rows use the product's restart
+arithmetic (`lab/restart_lab.py`) at sigma 0.8 with the request's noise swapped in; the verdict lines add the
+paired flicker and palette differences (starred when their interval excludes zero). PSNR / SSIM against the
+same-seed 30-step clip are secondary.
 """
 from __future__ import annotations
 
@@ -42,8 +45,9 @@ from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
 from comfyui_chai.toyworld.world import random_spec, render  # noqa: E402
 from lab.lab import DEFAULT, PACK, LabSampler, Variant, make_lab_items  # noqa: E402
 from lab.lab_plots import write_grid, write_steps_plot  # noqa: E402
-from lab.lab_report import (GT_SET, Clip, baselines, build_cells, ground_truth_set, label,  # noqa: E402
-                            row, table_rows)
+from lab.lab_report import (GT_SET, Clip, baselines, build_cells, cluster_bootstrap, ground_truth_set,  # noqa: E402
+                            label, reference_groups, row, table_rows)
+from lab.restart_lab import Condition, run_condition  # noqa: E402
 
 FULL = 30
 ABLATIONS = (Variant("steps 2", (2,)), Variant("steps 1-4", (1, 2, 3, 4)), Variant("steps 2-6", (2, 3, 4, 5, 6)),
@@ -57,6 +61,7 @@ ABLATION_RELATIONS = ("scene", "none")
 LATE = (Variant("late 5-6", (5, 6), of_eight=True), Variant("late 6-7", (6, 7), of_eight=True),
         Variant("late 5-7", (5, 6, 7), of_eight=True), Variant("late 7-8", (7, 8), of_eight=True))
 LATE_RELATIONS = ("scene", "object", "none", "same")
+RESTART_SIGMA = 0.8  # the grid's restart row: the product's restart arithmetic at this sigma, the noise swapped in
 
 
 def clip_of(latent: torch.Tensor) -> np.ndarray:
@@ -90,6 +95,10 @@ def generate(sampler: LabSampler, items: list, steps: list[int], ablate: str, ec
                 fusion = Variant("fusion", var.cache_steps, fusion=True, of_eight=var.of_eight)
                 latent, fired = sampler.chai(req, n, [runs["scene"], runs["object"]], fusion)
                 add(("chai", "fusion", n, var.name), clip_of(latent), [combos["scene"], combos["object"]], fired)
+            for rel, run in runs.items():
+                cond = Condition("restart", n, rel, RESTART_SIGMA)
+                latent, fired, _ = run_condition(sampler, cond, req, runs)
+                add(cond.key, clip_of(latent), [combos[rel]], fired)
             if ablate == "standard" and n in (steps[0], steps[-1]):
                 sweep, relations = ABLATIONS, ABLATION_RELATIONS
             else:
@@ -105,24 +114,27 @@ def generate(sampler: LabSampler, items: list, steps: list[int], ablate: str, ec
 
 def print_report(rows: dict, steps: list[int], what: str) -> None:
     """The three tables and the verdict lines."""
-    print(f"\n{what}; ground-truth set {GT_SET} clips; intervals: 95% bootstrap over prompts\n")
+    print(f"\n{what}; ground-truth set {GT_SET} clips of the combinations run; intervals: 95% "
+          f"bootstrap over prompts, FD differences by the cluster bootstrap that redraws the reference\n")
     first = [("gt", "-", 0, "-"), ("reference", "-", FULL, "-")] + [("plain", "-", n, "-") for n in steps]
     print("Table 1: does the world make few steps hurt (plain sampling against ground truth)")
     print(table(*table_rows([rows[k] for k in first], with_delta=False)))
     variants = [v for v in ("default", PACK.name) if any(k[3] == v for k in rows)]
     grid = [k for n in steps for k in [("plain", "-", n, "-")] +
-            [("chai", rel, n, v) for v in variants for rel in ("scene", "object", "none", "same", "fusion")]]
+            [("chai", rel, n, v) for v in variants for rel in ("scene", "object", "none", "same", "fusion")] +
+            [k for k in sorted(rows) if k[0] == "restart" and k[2] == n]]
     print("\nTable 2: the grid (CHAI: replace, block 0, donor latent at the matched sigma; cache steps over the "
           "paper's sigma range, steps 2-4 of 8, and 'pack': the pack's default cache steps "
           f"{','.join(map(str, PACK.cache_steps))} of 8, mapped to 6 and 4 by sigma)")
     print(table(*table_rows([rows[k] for k in grid])))
     ablation = sorted(k for k in rows if k[0] == "chai" and k[3] not in variants)
+    grid_chai = [k for k in grid if k[0] in ("chai", "restart")]
     if ablation:
         print("\nTable 3: ablations")
         print(table(*table_rows([rows[k] for k in sorted(ablation, key=lambda k: (-k[2], k[3], k[1]))])))
     print("\nVerdicts (FD features: CHAI N against plain N, paired; attributes against 30 steps):")
     ref_attrs = rows[("reference", "-", FULL, "-")]["attrs"][0]
-    compared = [k for k in grid if k[0] == "chai"] + sorted(ablation)
+    compared = grid_chai + sorted(ablation)
     beyond = 0
     for key in compared:
         r = rows[key]
@@ -175,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--late", action="store_true",
                    help="instead of table 3's ablations, Cache Attention late in the schedule (steps 5-6, 6-7, 5-7, "
                         "7-8 of 8, mapped to 6 and 4 by sigma) for every donor relation at every N")
-    p.add_argument("--reps", type=int, default=200, help="bootstrap resamples")
+    p.add_argument("--reps", type=int, default=1000,
+                   help="bootstrap resamples (held-out combinations, the reference redrawn: lab/intervals.py)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, default=REPO / "docs" / "quality_lab.json")
     p.add_argument("--png", type=Path, default=REPO / "docs" / "quality_lab.png")
@@ -204,16 +217,20 @@ def main(argv: list[str] | None = None) -> int:
     clips = generate(sampler, items, steps, ablate, print, donors=not a.gap)
     refs = {c.item: c.video for c in clips if c.key[0] == "reference"}
     cells = build_cells(clips, refs)
-    base = baselines(ground_truth_set(list(split.held_out), GT_SET), cells[("gt", "-", 0, "-")])
+    # the reference set is drawn for the combinations actually run (--quick / --prompts N run fewer than all 90)
+    combos = [item.request.combo for item in items]
+    base = baselines(ground_truth_set(combos, GT_SET), cells[("gt", "-", 0, "-")],
+                     reference_groups(GT_SET, len(items)))
+    boot = cluster_bootstrap(base, len(items), a.reps)
     if a.gap:
         reference = cells[("reference", "-", FULL, "-")]
         keys = [("gt", "-", 0, "-"), ("reference", "-", FULL, "-")] + [("plain", "-", n, "-") for n in steps]
-        gap = [row(cells[k], base, reference if k[0] == "plain" else None, a.reps) for k in keys]
+        gap = [row(cells[k], base, reference if k[0] == "plain" else None, a.reps, boot) for k in keys]
         print(f"\n{len(items)} held-out prompts; Table 1 with plain N against 30 steps (paired, 95% bootstrap)")
         print(table(*table_rows(gap, delta_label="FD - 30 steps")))
         return 0
     plain = {n: cells[("plain", "-", n, "-")] for n in steps}
-    rows = {key: row(cell, base, plain.get(key[2]) if key[0] == "chai" else None, a.reps)
+    rows = {key: row(cell, base, plain.get(key[2]) if key[0] in ("chai", "restart") else None, a.reps, boot)
             for key, cell in cells.items()}
     print_report(rows, steps, f"{len(items)} held-out prompts, {len(clips)} clips, "
                               f"{time.perf_counter() - t0:.0f} s")

@@ -136,6 +136,7 @@ class DonorRun:
     final: Tensor
     y: Tensor
     mask: Tensor | None
+    noise: Tensor | None = None  # the initial noise the run started from (sigma 1)
 
     def latent_for(self, sigma: float, source: str) -> tuple[Tensor, float]:
         """(donor latent, its timestep sigma) serving a live step at `sigma`."""
@@ -153,6 +154,7 @@ class LabSampler:
     text_encode: Callable[[str], Any]
     cfg: float = DEFAULT_CFG
     video: ToyVideoSpec = field(default_factory=ToyVideoSpec)
+    full_steps: int = FULL_STEPS  # the donors' (the miss's) step count
 
     def _kwargs(self, mask: Tensor | None) -> dict[str, Any]:
         v = self.video
@@ -162,23 +164,44 @@ class LabSampler:
         out = self.text_encode(prompt)
         return out if isinstance(out, tuple) else (out, None)
 
+    def noise(self, req: Request) -> Tensor:
+        """The request's initial noise (from its seed)."""
+        return make_noise(self.video.latent_shape(1), req.seed)
+
     @torch.no_grad()
     def run(self, req: Request, steps: int, wrap: Callable[[Any], Any] | None = None,
-            record: list[Tensor] | None = None) -> Tensor:
-        """The final latent of `req` at `steps` steps; `wrap` may replace the model function (for CHAI)."""
+            record: list[Tensor] | None = None, start: Tensor | None = None,
+            sigmas: Sequence[float] | None = None) -> Tensor:
+        """The final latent of `req` at `steps` steps (or on `sigmas` from `start`); `wrap` may replace the model
+        function (for CHAI), `record` keeps the latent entering each step."""
         y, mask = self._text(req.prompt)
-        noise = make_noise(self.video.latent_shape(1), req.seed)
+        x = self.noise(req) if start is None else start
         fn = wrap(self.model) if wrap else self.model
         callback = (lambda i, x, s, v: record.append(x.clone())) if record is not None else None
         uncond = self.model.null_caption(1) if self.cfg != 1.0 else None
-        return sample(fn, noise, y, uncond, toy_sigmas(steps), self.cfg, callback, self._kwargs(mask))
+        schedule = toy_sigmas(steps) if sigmas is None else torch.as_tensor(list(sigmas), dtype=torch.float64)
+        return sample(fn, x, y, uncond, schedule, self.cfg, callback, self._kwargs(mask))
+
+    def velocity(self, req: Request) -> Callable[[Tensor, float], Tensor]:
+        """v(x, sigma): the guided velocity of `req` at one point (one batched model evaluation through the
+        sampler's own CFG path: one Euler step whose callback keeps v)."""
+        y, mask = self._text(req.prompt)
+        uncond = self.model.null_caption(1) if self.cfg != 1.0 else None
+
+        def v(x: Tensor, sigma: float) -> Tensor:
+            kept: list[Tensor] = []
+            with torch.no_grad():
+                sample(self.model, x, y, uncond, [float(sigma), 0.0], self.cfg,
+                       lambda i, xx, s, vv: kept.append(vv), self._kwargs(mask))
+            return kept[0]
+        return v
 
     def donor(self, req: Request) -> DonorRun:
-        """The donor's full 30-step run with its trajectory."""
+        """The donor's full run (`full_steps` steps) with its trajectory."""
         latents: list[Tensor] = []
-        final = self.run(req, FULL_STEPS, record=latents)
+        final = self.run(req, self.full_steps, record=latents)
         y, mask = self._text(req.prompt)
-        return DonorRun(latents, toy_sigmas(FULL_STEPS)[:-1].tolist(), final, y, mask)
+        return DonorRun(latents, toy_sigmas(self.full_steps)[:-1].tolist(), final, y, mask, self.noise(req))
 
     @torch.no_grad()
     def donor_kv(self, donor: DonorRun, sigma: float, variant: Variant) -> dict[int, tuple[Tensor, Tensor]]:
@@ -197,10 +220,14 @@ class LabSampler:
                    **self._kwargs(donor.mask))
         return kept
 
-    def chai(self, req: Request, steps: int, donors: Sequence[DonorRun], variant: Variant) -> tuple[Tensor, list[int]]:
-        """CHAI at `steps` fast steps borrowing from `donors` (two for fusion); returns (latent, fired steps)."""
-        sigmas = toy_sigmas(steps).tolist()
-        cache = {sigmas[s - 1]: s for s in variant.steps_for(steps)}
+    def chai(self, req: Request, steps: int, donors: Sequence[DonorRun], variant: Variant,
+             start: Tensor | None = None, sigmas: Sequence[float] | None = None,
+             cache_steps: Sequence[int] | None = None) -> tuple[Tensor, list[int]]:
+        """CHAI at `steps` fast steps borrowing from `donors` (two for fusion); returns (latent, fired steps).
+        With `sigmas` (and `start`): on that schedule at its 1-based `cache_steps` (a restart's tail)."""
+        schedule = toy_sigmas(steps).tolist() if sigmas is None else [float(s) for s in sigmas]
+        chosen = variant.steps_for(steps) if cache_steps is None else tuple(cache_steps)
+        cache = {schedule[s - 1]: s for s in chosen}
         fired: list[int] = []
 
         def wrap(model: Any) -> Callable[..., Tensor]:
@@ -216,7 +243,7 @@ class LabSampler:
                 return model(x, t, y, attn_replace=replace, **kw)
             return fn
 
-        return self.run(req, steps, wrap), fired
+        return self.run(req, steps, wrap, start=start, sigmas=sigmas), fired
 
 
 def borrowed_attention(q: Tensor, k: Tensor, v: Tensor, k_donor: Tensor, v_donor: Tensor,

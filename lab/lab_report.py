@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from comfyui_chai.toyworld.prompts import Combo
 from comfyui_chai.toyworld.world import random_spec, render
 from lab import features as feats
 from lab.measures import bootstrap, bootstrap_frechet, frechet, measure, standardiser
+
+if TYPE_CHECKING:
+    from lab.intervals import ClusterBootstrap, Clustered
 from lab.quality import count_leakage, psnr, ssim
 
 # The Frechet distance on learned features uses the reference set's top principal components: ~90 clips per cell
@@ -39,6 +42,8 @@ class Clip:
     truth: Combo
     donors: list[Combo] = field(default_factory=list)
     fired: list[int] = field(default_factory=list)
+    seed: int = 0  # which of the combination's seeds (0 .. K - 1)
+    evals: int = 0  # model evaluations per CFG branch (0: not counted)
 
 
 @dataclass
@@ -79,15 +84,16 @@ class Cell:
     features: np.ndarray
 
 
-def build_cells(clips: Sequence[Clip], references: dict[int, np.ndarray]) -> dict[CellKey, Cell]:
-    """Score every clip and group them by condition (references: item -> its 30-step clip)."""
+def build_cells(clips: Sequence[Clip], references: dict[Any, np.ndarray]) -> dict[CellKey, Cell]:
+    """Score every clip and group them by condition (references: (item, seed) or item -> its full-run clip)."""
     groups: dict[CellKey, list[Clip]] = {}
     for c in clips:
         groups.setdefault(c.key, []).append(c)
     cells = {}
     for key, group in groups.items():
-        group.sort(key=lambda c: c.item)
-        ref = (lambda c: None) if key[0] in ("gt", "reference") else (lambda c: references.get(c.item))
+        group.sort(key=lambda c: (c.item, c.seed))
+        ref = (lambda c: None) if key[0] in ("gt", "reference") else (
+            lambda c: references.get((c.item, c.seed), references.get(c.item)))
         cells[key] = Cell(key, group, [score(c, ref(c)) for c in group],
                           feats.features(np.stack([c.video for c in group])))
     return cells
@@ -103,14 +109,16 @@ class Baselines:
     gt_hf: float
     components: np.ndarray  # [D, PCA_DIMS] principal directions of the reference features
     centre: np.ndarray
+    reference_groups: np.ndarray | None = None  # the lab item (held-out combination) of each reference clip
 
     def project(self, f: np.ndarray) -> np.ndarray:
         """Learned features reduced to the reference set's top principal components."""
         return (np.asarray(f) - self.centre) @ self.components
 
 
-def baselines(gt_set: np.ndarray, gt_cell: Cell) -> Baselines:
-    """From a large ground-truth clip set [N, T, H, W, 3] and the ground-truth cell of the lab's own prompts."""
+def baselines(gt_set: np.ndarray, gt_cell: Cell, groups: np.ndarray | None = None) -> Baselines:
+    """From a large ground-truth clip set [N, T, H, W, 3] (each clip's lab item in `groups`) and the ground-truth
+    cell of the lab's own prompts."""
     from lab.measures import summary_features
 
     ref = feats.features(gt_set)
@@ -118,11 +126,38 @@ def baselines(gt_set: np.ndarray, gt_cell: Cell) -> Baselines:
     _, _, vt = np.linalg.svd(ref - centre, full_matrices=False)
     return Baselines(ref, np.stack([summary_features(v) for v in gt_set]),
                      float(np.mean([s.flicker for s in gt_cell.scores])),
-                     float(np.mean([s.hf for s in gt_cell.scores])), vt[:PCA_DIMS].T, centre)
+                     float(np.mean([s.hf for s in gt_cell.scores])), vt[:PCA_DIMS].T, centre,
+                     None if groups is None else np.asarray(groups))
 
 
-def row(cell: Cell, base: Baselines, paired: Cell | None = None, reps: int = 200) -> dict[str, Any]:
-    """The figures of one cell (means, and 95% bootstrap intervals over prompts for the headline ones)."""
+def reference_groups(n_clips: int, n_items: int) -> np.ndarray:
+    """The lab item of each clip of `ground_truth_set(combos of the items, n_clips)` (it cycles the items)."""
+    return np.arange(n_clips) % n_items
+
+
+def cluster_bootstrap(base: Baselines, n_items: int, reps: int, seed: int = 0,
+                      redraw: bool = True) -> "ClusterBootstrap":
+    """The lab's interval method on the projected reference features (see `lab/intervals.py`)."""
+    from lab.intervals import ClusterBootstrap, Clustered
+
+    if base.reference_groups is None:
+        raise ValueError("the baselines know no reference groups")
+    return ClusterBootstrap(Clustered(base.project(base.reference_features), base.reference_groups), n_items,
+                            reps, seed, redraw)
+
+
+def clustered(cell: Cell, base: Baselines, keep: Sequence[bool] | None = None, name: str = "") -> "Clustered":
+    """A cell's projected features grouped by lab item (optionally only the clips marked in `keep`)."""
+    from lab.intervals import Clustered
+
+    out = Clustered(base.project(cell.features), np.array([c.item for c in cell.clips]), name)
+    return out if keep is None else out.subset(np.asarray(keep, bool), name)
+
+
+def row(cell: Cell, base: Baselines, paired: Cell | None = None, reps: int = 200,
+        boot: "ClusterBootstrap | None" = None) -> dict[str, Any]:
+    """The figures of one cell (means, and 95% bootstrap intervals over prompts for the headline ones); with
+    `boot`, the paired FD difference comes from the lab's cluster bootstrap that redraws the reference."""
     s = cell.scores
     z = standardiser(base.reference_summary)
     leaked, pairs = sum(x.leak[0] for x in s), sum(x.leak[1] for x in s)
@@ -141,9 +176,13 @@ def row(cell: Cell, base: Baselines, paired: Cell | None = None, reps: int = 200
         "ssim": float(np.mean([x.ssim for x in s if math.isfinite(x.ssim)] or [math.nan])),
         "fired": sorted({tuple(c.fired) for c in cell.clips}),
     }
-    if paired is not None:
+    if paired is not None and boot is not None:
+        out["d_fd_net"] = boot.difference(clustered(cell, base, name=repr(cell.key)),
+                                          clustered(paired, base, name=repr(paired.key)))[:3]
+    elif paired is not None:
         out["d_fd_net"] = bootstrap_frechet(base.project(cell.features), base.project(base.reference_features), reps,
                                             paired=base.project(paired.features))
+    if paired is not None:
         # paired per-prompt differences of two pixel measures: flicker (in ground truth's units) and palette
         out["d_flicker"] = bootstrap([(a.flicker - b.flicker) / max(base.gt_flicker, 1e-9)
                                       for a, b in zip(s, paired.scores)], reps)
@@ -166,6 +205,11 @@ def label(key: CellKey) -> str:
         return f"plain {n} (reference)"
     if kind == "plain":
         return f"plain {n}"
+    if kind == "solver":
+        return f"{var} {n}"
+    if kind == "restart":
+        sigma, *flags = var.split()
+        return f"restart {sigma} x{n} {rel}" + "".join(f" {f}" for f in flags)
     return f"CHAI {n} {rel}" + ("" if var == "default" else f" {var}")
 
 

@@ -138,16 +138,26 @@ def _sqrtm_psd(m: np.ndarray) -> np.ndarray:
     return (u * np.sqrt(np.clip(w, 0, None))) @ u.T
 
 
+def gaussian(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, covariance) of a feature set [N, D]."""
+    x = np.asarray(x, np.float64)
+    return x.mean(0), np.cov(x, rowvar=False)
+
+
+def frechet_stats(mu_a: np.ndarray, ca: np.ndarray, mu_b: np.ndarray, cb: np.ndarray) -> float:
+    """Frechet distance between two Gaussians given by mean and covariance."""
+    mu = mu_a - mu_b
+    root = _sqrtm_psd(ca)
+    cross = _sqrtm_psd(root @ cb @ root)
+    return float(mu @ mu + np.trace(ca) + np.trace(cb) - 2 * np.trace(cross))
+
+
 def frechet(a: np.ndarray, b: np.ndarray) -> float:
     """Frechet distance between Gaussian fits of two feature sets [N, D] (the FID formula)."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1] or min(len(a), len(b)) < 2:
         raise ValueError(f"need two [N >= 2, D] feature sets of equal D, got {a.shape} and {b.shape}")
-    mu = a.mean(0) - b.mean(0)
-    ca, cb = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
-    root = _sqrtm_psd(ca)
-    cross = _sqrtm_psd(root @ cb @ root)
-    return float(mu @ mu + np.trace(ca) + np.trace(cb) - 2 * np.trace(cross))
+    return frechet_stats(*gaussian(a), *gaussian(b))
 
 
 def standardiser(reference: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:

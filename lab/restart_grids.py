@@ -1,0 +1,128 @@
+"""The restart lab's grids (which conditions a run samples) and, fixed before any run, the short list of
+comparisons each grid's claims rest on (read at the Bonferroni-corrected level, `lab/intervals.py`).
+
+"table": the issue-27 table on the 30-step model; "restart": the full restart grid (sigma 0.95 to 0.6, fast
+steps 8 / 6 / 4, every donor relation, the noise swap and Cache Attention after the restart at 0.8, and the solver
+control); "distilled": the 4-step guidance-1 student (plain 4 is its own full run) with restarts that skip one
+step (0.75, 3 steps) or two (0.5, 2 steps); "quick": a smoke subset of "table"; "solvers": plain, AB2 and
+ComfyUI's dpmpp_2m at 8 / 6 / 4 beside the scene restart at 0.8 (needs COMFYUI_DIR).
+"""
+from __future__ import annotations
+
+from lab.lab import RELATIONS
+from lab.restart_lab import CellKey, Condition
+from lab.solvers import COMFY_SAMPLERS
+
+TABLE_SIGMA = 0.8
+SIGMAS = (0.95, 0.9, 0.8, 0.7, 0.6)
+FAST = (8, 6, 4)
+
+
+def _full(full_steps: int) -> list[Condition]:
+    """Ground truth and the full run: every grid's first two rows."""
+    return [Condition("gt"), Condition("reference", full_steps)]
+
+
+def table_grid(full_steps: int = 30) -> list[Condition]:
+    """The issue's table: plain 30 / 8 / 6, CHAI 8 (pack steps, scene), restarts at 0.8 and AB2."""
+    r = lambda n, rel, **kw: Condition("restart", n, rel, TABLE_SIGMA, **kw)  # noqa: E731
+    return _full(full_steps) + [
+        Condition("plain", 8), Condition("plain", 6), Condition("chai", 8, "scene"),
+        r(8, "scene"), r(6, "scene"), r(8, "scene", swap=False), r(8, "scene", both=True),
+        r(8, "object"), r(8, "none"), Condition("solver", 8, solver="ab2"), Condition("solver", 6, solver="ab2")]
+
+
+def quick_grid(full_steps: int = 30) -> list[Condition]:
+    """A smoke subset: plain 8, CHAI 8, the restart at 0.8 (scene, swap and no swap), AB2 8."""
+    r = lambda n, rel, **kw: Condition("restart", n, rel, TABLE_SIGMA, **kw)  # noqa: E731
+    return _full(full_steps) + [Condition("plain", 8), Condition("chai", 8, "scene"), r(8, "scene"),
+                                r(8, "scene", swap=False), Condition("solver", 8, solver="ab2")]
+
+
+def restart_grid(full_steps: int = 30, comfy: bool = False) -> list[Condition]:
+    """Every restart sigma x fast steps x relation (swap), at 0.8 also no swap and both; the solver control."""
+    out = _full(full_steps)
+    for n in FAST:
+        out += [Condition("plain", n), Condition("solver", n, solver="ab2")]
+        out += [Condition("solver", n, solver=s) for s in COMFY_SAMPLERS if comfy and s != "euler"]
+        for rel in RELATIONS:
+            out += [Condition("restart", n, rel, s) for s in SIGMAS]
+            out += [Condition("restart", n, rel, TABLE_SIGMA, swap=False),
+                    Condition("restart", n, rel, TABLE_SIGMA, both=True)]
+    return out
+
+
+def distilled_grid(full_steps: int = 4) -> list[Condition]:
+    """The student: plain 4 (the reference), plain 3 / 2, AB2 3 / 2, restarts skipping 1 or 2 steps."""
+    out = _full(full_steps) + [Condition("plain", 3), Condition("plain", 2),
+                               Condition("solver", 3, solver="ab2"), Condition("solver", 2, solver="ab2")]
+    for rel in RELATIONS:
+        for sigma, n in ((0.75, 3), (0.5, 2)):
+            out += [Condition("restart", n, rel, sigma), Condition("restart", n, rel, sigma, swap=False)]
+    return out
+
+
+def solvers_grid(full_steps: int = 30) -> list[Condition]:
+    """The solver check: plain, AB2 and ComfyUI's dpmpp_2m at 8 / 6 / 4 against the scene restart at 0.8."""
+    out = _full(full_steps)
+    for n in FAST:
+        out += [Condition("plain", n), Condition("solver", n, solver="ab2"), Condition("solver", n, solver="dpmpp_2m"),
+                Condition("restart", n, "scene", TABLE_SIGMA)]
+    return out
+
+
+GRIDS = {"table": table_grid, "quick": quick_grid, "restart": restart_grid, "distilled": distilled_grid,
+         "solvers": solvers_grid}
+
+
+def _rk(n: int, rel: str, sigma: float = TABLE_SIGMA) -> CellKey:
+    """The cell key of a swap restart."""
+    return Condition("restart", n, rel, sigma).key
+
+
+_REF30: CellKey = ("reference", "-", 30, "-")
+# Fixed before the first run (issue 27): the 30-step model's headline comparisons, as (condition, baseline).
+COMPARISONS_30: tuple[tuple[CellKey, CellKey], ...] = (
+    (_rk(8, "scene"), _REF30),  # a restart hit at 8 keeps the full run's quality
+    (_rk(6, "scene"), _REF30),  # ... and at 6
+    (_rk(8, "scene"), ("plain", "-", 8, "-")),  # it beats typing fewer steps
+    (_rk(8, "scene"), ("solver", "-", 8, "ab2")),  # it beats the better few-step solver at equal evaluations
+    (_rk(6, "scene"), ("solver", "-", 6, "ab2")),
+    (("chai", "scene", 8, "pack"), ("plain", "-", 8, "-")),  # Cache Attention against plain 8
+    (("solver", "-", 8, "ab2"), _REF30),  # the solver control against the full run
+    (_rk(8, "object"), ("plain", "-", 8, "-")),  # a donor of another scene under a restart
+)
+_REF4: CellKey = ("reference", "-", 4, "-")
+# Fixed before the first run: the distilled model's comparisons against its own 4-step output.
+COMPARISONS_4: tuple[tuple[CellKey, CellKey], ...] = (
+    (_rk(3, "scene", 0.75), _REF4), (_rk(2, "scene", 0.5), _REF4),
+    (("plain", "-", 3, "-"), _REF4), (("plain", "-", 2, "-"), _REF4),
+    (_rk(3, "scene", 0.75), ("plain", "-", 3, "-")), (_rk(2, "scene", 0.5), ("plain", "-", 2, "-")),
+    (_rk(3, "object", 0.75), _REF4), (_rk(3, "none", 0.75), _REF4),
+)
+# A/A checks: conditions whose seed sets are compared against each other (one condition, seed a vs seed b).
+AA_30: tuple[CellKey, ...] = (_REF30, ("plain", "-", 8, "-"), ("chai", "scene", 8, "pack"), _rk(8, "scene"),
+                              ("solver", "-", 8, "ab2"))
+AA_4: tuple[CellKey, ...] = (_REF4, ("plain", "-", 3, "-"), ("plain", "-", 2, "-"), _rk(3, "scene", 0.75),
+                             _rk(2, "scene", 0.5))
+
+
+# Fixed before its run (after the 12-prompt restart grid showed dpmpp_2m at or below plain 30): the solver check.
+COMPARISONS_SOLVERS: tuple[tuple[CellKey, CellKey], ...] = (
+    (_rk(8, "scene"), ("solver", "-", 8, "dpmpp_2m")), (_rk(6, "scene"), ("solver", "-", 6, "dpmpp_2m")),
+    (("solver", "-", 8, "dpmpp_2m"), _REF30), (("solver", "-", 4, "dpmpp_2m"), _REF30),
+)
+
+
+def comparisons_for(grid: str) -> tuple[tuple[CellKey, CellKey], ...]:
+    """The fixed comparison list of a grid."""
+    return {"distilled": COMPARISONS_4, "solvers": COMPARISONS_SOLVERS}.get(grid, COMPARISONS_30)
+
+
+def aa_for(grid: str) -> tuple[CellKey, ...]:
+    """The A/A conditions of a grid."""
+    return AA_4 if grid == "distilled" else AA_30  # (the solver check runs one seed: no A/A)
+
+
+__all__ = ["GRIDS", "SIGMAS", "FAST", "TABLE_SIGMA", "COMPARISONS_30", "COMPARISONS_4", "AA_30", "AA_4",
+           "table_grid", "quick_grid", "restart_grid", "distilled_grid", "comparisons_for", "aa_for"]
