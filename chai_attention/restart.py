@@ -69,6 +69,8 @@ def restart_schedule(schedule: Callable[[int], Any], target: float, steps: int) 
         gap = abs(tail[0] - float(target))
         if gap < best_gap - 1e-12:
             best, best_gap = RestartSchedule(tail, total, total - steps), gap
+        elif tail[0] < float(target):
+            break  # the tail's start falls as T grows (a monotone schedule): the gap only widens from here
     if best is None:
         raise ValueError(f"no schedule of {steps + 1} to {MAX_TOTAL_FACTOR * steps} steps has a {steps}-step tail")
     return best
