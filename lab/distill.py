@@ -31,7 +31,7 @@ from comfyui_chai.opensora.loading import read_checkpoint_header, save_stdit3
 from comfyui_chai.opensora.sampler import make_noise, sample
 from comfyui_chai.toyworld.model import DEFAULT_CFG, ToyVideoSpec, lab_weights, load_toy_model, toy_text_encoder
 from comfyui_chai.toyworld.prompts import caption, make_split
-from lab.train import _atomic_save
+from lab.train import _atomic_save, update_ema
 
 TEACHER_FILE = "teacher.pt"
 STATE_FILE = "distill_state.pt"
@@ -205,10 +205,7 @@ class Distiller:
             loss.backward()
             nn.utils.clip_grad_norm_(self.student.parameters(), cfg.grad_clip)
             self.optimizer.step()
-            with torch.no_grad():
-                decay = min(cfg.ema_decay, (1 + self.step) / (10 + self.step))
-                for e, p in zip(self.ema.parameters(), self.student.parameters()):
-                    e.mul_(decay).add_(p.detach(), alpha=1 - decay)
+            update_ema(self.ema, self.student, cfg.ema_decay, self.step)
             self.step += 1
             self.train_seconds += time.perf_counter() - t0
             value = float(loss.detach())

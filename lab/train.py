@@ -180,6 +180,16 @@ def object_halo(objects: Tensor) -> Tensor:
     return grown.reshape(b, t, c, h, w).transpose(1, 2)
 
 
+@torch.no_grad()
+def update_ema(ema: nn.Module, model: nn.Module, decay_cap: float, step: int) -> None:
+    """One EMA step of `model` into `ema`, its decay ramping up to `decay_cap` over the first steps; buffers copied."""
+    decay = min(decay_cap, (1 + step) / (10 + step))
+    for e, p in zip(ema.parameters(), model.parameters()):
+        e.mul_(decay).add_(p.detach(), alpha=1 - decay)
+    for e, b in zip(ema.buffers(), model.buffers()):
+        e.copy_(b)
+
+
 def _atomic_save(obj: Any, path: Path) -> None:
     """torch.save to a temporary file, fsync, then rename over `path`."""
     tmp = path.with_name(path.name + ".tmp")
@@ -272,13 +282,8 @@ class Trainer:
         self.step += 1
         return float(plain.detach())
 
-    @torch.no_grad()
     def _update_ema(self) -> None:
-        decay = min(self.config.ema_decay, (1 + self.step) / (10 + self.step))
-        for e, p in zip(self.ema.parameters(), self.model.parameters()):
-            e.mul_(decay).add_(p.detach(), alpha=1 - decay)
-        for e, b in zip(self.ema.buffers(), self.model.buffers()):
-            e.copy_(b)
+        update_ema(self.ema, self.model, self.config.ema_decay, self.step)
 
     # ---------------------------------------------------------------------------------------------- files
 

@@ -129,6 +129,21 @@ def custom_advanced(graph: dict, dual: bool = False, cfg2: float = 2.0) -> dict:
     return graph
 
 
+def chai_sampler_graph(cache: str, prompt: str, key: str, graph: dict | None = None, model: str = "shift") -> dict:
+    """The same request through CHAI Sampler (on node `model`) instead of CHAI Apply and a sampler node (its
+    defaults for reuse); `graph`: a base graph to change (default: a new one)."""
+    graph = graph if graph is not None else base_graph(cache, prompt, key)
+    graph["sampler"] = {"class_type": "CHAI_Sampler", "inputs": {
+        "model": [model, 0], "positive": ["cond", 0], "negative": ["cond", 1], "latent": ["latent", 0],
+        "seed": SEED, "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "full_steps": 30,
+        "fast_steps": 8, "cache_steps": "2,3,4", "kv_mode": "replace", "apply_to": "cond", "hit": ["lookup", 0]}}
+    graph["write"]["inputs"]["trace"] = ["sampler", 1]
+    for name in ("apply", "trace"):
+        graph.pop(name)
+    graph["cap"]["inputs"] = {"key": key, "latent": ["sampler", 0], "trace": ["sampler", 1]}
+    return graph
+
+
 def plain(got: dict, steps: int) -> torch.Tensor:
     """KSampler with the same settings on the unpatched MODEL, never cached."""
     from comfy import sample as comfy_sample
@@ -207,16 +222,7 @@ def test_ksampler_advanced_miss_then_hit(comfy, env):
     assert "CHAI fast (hit): 8 steps" in trace.report.text()
     assert model_state(base) == before and torch.equal(plain(miss, 30), miss["latent"]["samples"])
     # The same request through CHAI Sampler gives the same video.
-    graph = base_graph("t2-apply-ksa", DOG_BALL, "ksa-sampler")
-    graph["sampler"] = {"class_type": "CHAI_Sampler", "inputs": {
-        "model": ["shift", 0], "positive": ["cond", 0], "negative": ["cond", 1], "latent": ["latent", 0],
-        "seed": SEED, "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "full_steps": 30,
-        "fast_steps": 8, "cache_steps": "2,3,4", "kv_mode": "replace", "apply_to": "cond", "hit": ["lookup", 0]}}
-    graph["write"]["inputs"]["trace"] = ["sampler", 1]
-    for name in ("apply", "trace"):
-        graph.pop(name)
-    graph["cap"]["inputs"] = {"key": "ksa-sampler", "latent": ["sampler", 0], "trace": ["sampler", 1]}
-    run_ok(comfy, graph)
+    run_ok(comfy, chai_sampler_graph("t2-apply-ksa", DOG_BALL, "ksa-sampler"))
     same = CAPTURED["ksa-sampler"]
     assert same["trace"].mode == "fast" and same["trace"].fired_steps == (2, 3, 4)
     torch.testing.assert_close(same["latent"]["samples"], hit["latent"]["samples"], atol=1e-5, rtol=1e-5)
@@ -308,15 +314,8 @@ def test_a_miss_under_easycache_captures_the_latents_the_sampler_really_had(comf
         g["apply"]["inputs"]["model"] = ["tap", 0]
         g["cap"]["inputs"]["model"] = ["tap", 0]
     else:
-        g["sampler"] = {"class_type": "CHAI_Sampler", "inputs": {
-            "model": ["tap", 0], "positive": ["cond", 0], "negative": ["cond", 1], "latent": ["latent", 0],
-            "seed": SEED, "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "full_steps": 30,
-            "fast_steps": 8, "cache_steps": "2,3,4", "kv_mode": "replace", "apply_to": "cond", "hit": ["lookup", 0]}}
-        g["write"]["inputs"]["trace"] = ["sampler", 1]
-        for name in ("apply", "trace"):
-            g.pop(name)
-        g["cap"]["inputs"] = {"key": "ec0", "latent": ["sampler", 0], "trace": ["sampler", 1], "model": ["tap", 0],
-                              "positive": ["cond", 0], "negative": ["cond", 1]}
+        chai_sampler_graph(cache, DOG_BEACH, "ec0", graph=g, model="tap")
+        g["cap"]["inputs"].update(model=["tap", 0], positive=["cond", 0], negative=["cond", 1])
     FORWARDS.clear()
     run_ok(comfy, g)
     miss = CAPTURED["ec0"]
@@ -381,16 +380,7 @@ def test_restart_hit_is_the_same_video_through_sampler_custom_advanced_ksampler_
     assert ksa["trace"].report.reuse == "restart" and ksa["steps"] > 8
     torch.testing.assert_close(ksa["latent"]["samples"], sca["latent"]["samples"], atol=1e-5, rtol=1e-5)
 
-    graph = base_graph(cache, DOG_SLEEPS, "rs-sampler")
-    graph["sampler"] = {"class_type": "CHAI_Sampler", "inputs": {
-        "model": ["shift", 0], "positive": ["cond", 0], "negative": ["cond", 1], "latent": ["latent", 0],
-        "seed": SEED, "cfg": CFG, "sampler_name": "euler", "scheduler": "simple", "full_steps": 30,
-        "fast_steps": 8, "cache_steps": "2,3,4", "kv_mode": "replace", "apply_to": "cond", "hit": ["lookup", 0]}}
-    graph["write"]["inputs"]["trace"] = ["sampler", 1]
-    for name in ("apply", "trace"):
-        graph.pop(name)
-    graph["cap"]["inputs"] = {"key": "rs-sampler", "latent": ["sampler", 0], "trace": ["sampler", 1]}
-    run_ok(comfy, graph)
+    run_ok(comfy, chai_sampler_graph(cache, DOG_SLEEPS, "rs-sampler"))
     same = CAPTURED["rs-sampler"]
     assert same["trace"].report.reuse == "restart"
     torch.testing.assert_close(same["latent"]["samples"], sca["latent"]["samples"], atol=1e-5, rtol=1e-5)
