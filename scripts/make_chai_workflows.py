@@ -267,7 +267,7 @@ def toy_t2v() -> UIGraph:
     text = g.node("CHAI_ToyTextEncode", (0, 400), [""], size=(380, 200))
     g.link(model, 0, text, "model")
     g.link(prompt, 0, text, "prompt")
-    latent = g.node("CHAI_ToyEmptyLatent", (0, 640), [1], size=(320, 80))
+    latent = g.node("CHAI_ToyEmptyLatent", (0, 690), [1], size=(320, 80))
     sampler = chai_nodes(g, model, latent, (text, 0), (text, 1), prompt, cache_name="toyworld", cfg=TOY_CFG,
                          sampler="euler", scheduler="opensora", x=440, entity_text=(text, 2))
     decode = g.node("CHAI_ToyDecode", (OUT_X, 40), [8], size=(300, 100))

@@ -146,14 +146,14 @@ def test_demo_serves_a_stream_writes_gifs_and_reports_each_request(model, tmp_pa
     stream = [(DONOR, ("beach", "ball", "red", "bouncing")), (SCENE_SHARED, ("beach", "kite", "blue", "left")),
               (OBJECT_SHARED, ("forest", "ball", "red", "still"))]
     cache = ChaiCache(tmp_path / "cache", budget_bytes=10**9)
-    pipe = ChaiPipeline(model, cache, ChaiConfig(full_steps=10, fast_steps=4, cache_steps="2", reuse="restart"),
+    pipe = ChaiPipeline(model, cache, ChaiConfig(full_steps=16, fast_steps=4, cache_steps="2", reuse="restart"),
                         text_encode=toy_text_encoder(), video=ToyVideoSpec(), schedule=toy_sigmas, cfg=DEFAULT_CFG)
     try:
         requests = list(serve(pipe, stream, tmp_path / "out", seed=3))
     finally:
         cache.close()
     assert [(r.index, r.prompt, r.mode, r.steps) for r in requests] == \
-        [(1, DONOR, "full", 10), (2, SCENE_SHARED, "fast", 4), (3, OBJECT_SHARED, "full", 10)]
+        [(1, DONOR, "full", 16), (2, SCENE_SHARED, "fast", 4), (3, OBJECT_SHARED, "full", 16)]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["1_miss.gif", "2_hit.gif", "3_miss.gif"]
     assert [r.gif for r in requests] == [str(tmp_path / "out" / n) for n in ("1_miss.gif", "2_hit.gif", "3_miss.gif")]
     assert [r.donor for r in requests] == ["", DONOR, ""]
@@ -161,7 +161,7 @@ def test_demo_serves_a_stream_writes_gifs_and_reports_each_request(model, tmp_pa
     assert requests[0].correct and requests[0].detected == stream[0][1]
 
     miss, hit = request_lines(requests[0], 3), request_lines(requests[1], 3)
-    assert len(miss) == 2 and miss[0].startswith("[1/3] MISS 10 steps ") and miss[0].endswith(DONOR)
+    assert len(miss) == 2 and miss[0].startswith("[1/3] MISS 16 steps ") and miss[0].endswith(DONOR)
     assert miss[1].strip() == f"all 4 attributes right -> {requests[0].gif}"
     assert len(hit) == 3 and hit[0].startswith("[2/3] HIT   4 steps ")
     assert hit[1].strip() == f"restart: matched {requests[1].match}; donor: {DONOR}"
