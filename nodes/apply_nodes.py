@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class Apply(io.ComfyNode):
-    """Patch a MODEL for one CHAI request, for any sampler node: fast with Cache Attention on a hit, full with
-    donor capture on a miss."""
+    """Patch a MODEL for one CHAI request, for any sampler node: fast on a hit (a restart from the donor's latent
+    and/or Cache Attention), full with donor capture on a miss."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -37,11 +37,13 @@ class Apply(io.ComfyNode):
             node_id="CHAI_Apply",
             display_name="CHAI Apply",
             category=CATEGORY,
-            description="CHAI for your own sampler nodes. With a usable hit the MODEL it returns uses Cache "
-                        "Attention at the cache steps and the schedule is fast_steps long; otherwise the MODEL "
-                        "captures the donor latents of a full_steps run. Give the sampler its MODEL and its SIGMAS "
-                        "(SamplerCustomAdvanced) or its steps (KSampler / KSamplerAdvanced, same sampler and "
-                        "scheduler as here); put CHAI Apply Trace after the sampler, then CHAI Cache Write.",
+            description="CHAI for your own sampler nodes. With a usable hit the schedule is fast_steps long: by "
+                        "default it starts from the donor's latent at restart_sigma (this node's LATENT output; "
+                        "the sampler adds the seed's noise), or the MODEL it returns uses Cache Attention at the "
+                        "cache steps; otherwise the MODEL captures the donor latents of a full_steps run. Give "
+                        "the sampler its MODEL, LATENT and SIGMAS (SamplerCustomAdvanced) or its steps and "
+                        "start_at_step (KSamplerAdvanced, same sampler and scheduler as here); put CHAI Apply "
+                        "Trace after the sampler, then CHAI Cache Write.",
             inputs=[
                 io.Model.Input("model", tooltip=f"The video model the sampler uses, of a supported family "
                                                 f"({'; '.join(supported_families())}); for Wan 2.2 A14B the "

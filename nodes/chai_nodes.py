@@ -187,7 +187,8 @@ def format_lookup(hit: CacheHit) -> str:
 
 
 class Sampler(io.ComfyNode):
-    """KSampler with CHAI: a miss runs the full schedule and captures donors, a hit runs fast with Cache Attention."""
+    """KSampler with CHAI: a miss runs the full schedule and captures donors, a hit runs fast (restart or Cache
+    Attention)."""
 
     @classmethod
     def define_schema(cls) -> io.Schema:
