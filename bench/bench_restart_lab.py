@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench._common import REPO, table  # noqa: E402
+from bench._common import table  # noqa: E402
 from comfyui_chai.toyworld.latent import decode  # noqa: E402
 from comfyui_chai.toyworld.model import DEFAULT_CFG, lab_weights, load_toy_model, toy_text_encoder  # noqa: E402
 from comfyui_chai.toyworld.prompts import make_split  # noqa: E402
