@@ -18,7 +18,8 @@ DEFAULT_STEPS = 30
 
 @torch.no_grad()
 def generate(model: Any, prompts: Sequence[str], seeds: Sequence[int], steps: int = DEFAULT_STEPS,
-             cfg: float = DEFAULT_CFG, shift: float = DEFAULT_SHIFT, batch_size: int = 16) -> np.ndarray:
+             cfg: float = DEFAULT_CFG, shift: float = DEFAULT_SHIFT, batch_size: int = 16,
+             solver: str = "euler") -> np.ndarray:
     """RGB clips [N, T, H, W, 3] in [0, 1] for prompts, one seed each (noise drawn per clip from its seed)."""
     if len(prompts) != len(seeds):
         raise ValueError("need one seed per prompt")
@@ -33,7 +34,8 @@ def generate(model: Any, prompts: Sequence[str], seeds: Sequence[int], steps: in
         y, mask = text.encode(chunk)
         uncond = model.null_caption(b, y.shape[2]) if cfg != 1.0 else None
         kwargs = {"mask": mask.to(device), **video.model_kwargs(b, device)}
-        latent = sampler.sample(model, noise.to(device), y.to(device), uncond, sigmas, cfg, None, kwargs)
+        latent = sampler.sample(model, noise.to(device), y.to(device), uncond, sigmas, cfg, None, kwargs,
+                                solver=solver)
         out.append(decode(latent).cpu().numpy())
     return np.concatenate(out)
 

@@ -80,11 +80,12 @@ def toy_graph(prompt: str = MISS_PROMPT, batch: int = 1) -> dict:
             "latent": {"class_type": "CHAI_ToyEmptyLatent", "inputs": {"batch_size": batch}}}
 
 
-def reference_clip(comfy, env: dict, prompt: str, seed: int, steps: int, cfg: float) -> np.ndarray:
+def reference_clip(comfy, env: dict, prompt: str, seed: int, steps: int, cfg: float,
+                   solver: str = "euler") -> np.ndarray:
     """lab.evaluate.generate on the shipped weights: one RGB clip [T, 16, 16, 3]."""
     from lab.evaluate import generate
 
-    return generate(env["reference"], [prompt], [seed], steps=steps, cfg=cfg)[0]
+    return generate(env["reference"], [prompt], [seed], steps=steps, cfg=cfg, solver=solver)[0]
 
 
 def assert_same_clip(frames: np.ndarray, ref: np.ndarray) -> None:
@@ -190,17 +191,18 @@ def test_toy_text_encode_latent_and_decode(comfy, env):
     assert torch.allclose(images, torch.full_like(images, 0.5), atol=1e-6)  # latent 0 is mid-grey
 
 
-def test_ksampler_on_the_toy_equals_the_reference_generate(comfy, env):
+@pytest.mark.parametrize("solver", ["euler", "dpmpp_2m"])
+def test_ksampler_on_the_toy_equals_the_reference_generate(comfy, env, solver):
     graph = toy_graph()
     graph["ks"] = {"class_type": "KSampler",
-                   "inputs": {"model": ["model", 0], "seed": SEED, "steps": 8, "cfg": 4.0, "sampler_name": "euler",
+                   "inputs": {"model": ["model", 0], "seed": SEED, "steps": 8, "cfg": 4.0, "sampler_name": solver,
                               "scheduler": "simple", "positive": ["text", 0], "negative": ["text", 1],
                               "latent_image": ["latent", 0], "denoise": 1.0}}
     graph["decode"] = {"class_type": "CHAI_ToyDecode", "inputs": {"samples": ["ks", 0], "upscale": 1}}
     graph["cap"] = capture("ks", images=["decode", 0])
     run_ok(comfy, graph)
     frames = CAPTURED["ks"]["images"].numpy()
-    ref = reference_clip(comfy, env, MISS_PROMPT, SEED, 8, 4.0)
+    ref = reference_clip(comfy, env, MISS_PROMPT, SEED, 8, 4.0, solver)
     assert frames.shape == ref.shape == (8, 16, 16, 3)
     assert_same_clip(frames, ref)
     assert frames.std() > 0.05  # a real picture, not a blank
