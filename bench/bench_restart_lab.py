@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     grid_name = "quick" if a.quick else a.grid
     n_prompts, seeds = (6, max(a.seeds, 2)) if a.quick else (a.prompts, a.seeds)
-    if (a.comfy or grid_name == "solvers") and not comfy_available():
+    if a.comfy and not comfy_available():
         p.error("--comfy needs COMFYUI_DIR set to a ComfyUI tree whose samplers import")
     maker = GRIDS[grid_name]
     grid = maker(a.full_steps, comfy=a.comfy) if grid_name == "restart" else maker(a.full_steps)

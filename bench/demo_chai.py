@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache-steps", default=None, help="cache steps of a hit (default: the pack's, 5,6)")
     ap.add_argument("--reuse", default="restart", choices=("restart", "cache_attention", "both"),
                     help="how a hit reuses its donor (default: restart from a same-scene donor's latent)")
+    ap.add_argument("--solver", default="euler", choices=("euler", "dpmpp_2m"),
+                    help="the sampler of a hit's steps (a miss runs the full Euler schedule)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: two were 12-17x slower while other work shared 2 cores)")
     args = ap.parse_args(argv)
@@ -64,13 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CHAI demo: {len(stream)} toy-world requests, cache {args.cache}/, videos {args.out}/ "
           f"(full {config.full_steps} steps on a miss, {config.fast_steps} on a hit: reuse {config.reuse}, "
           f"restart at sigma {config.restart_sigma:g} from a same-scene donor, else Cache Attention at steps "
-          f"{','.join(map(str, config.cache_steps))})", flush=True)
+          f"{','.join(map(str, config.cache_steps))}; hits sampled with {args.solver})", flush=True)
     t0 = time.perf_counter()
     cache = ChaiCache(args.cache, budget_bytes=budget_from_gb(0.5))
     demo_cache.mark(args.cache)
     cache.embed_prompt("a red ball")  # load spaCy and MiniLM before the first timed request
     pipe = ChaiPipeline(model, cache, config, text_encode=toy_text_encoder(), video=ToyVideoSpec(),
-                        schedule=toy_sigmas, cfg=DEFAULT_CFG if args.cfg is None else args.cfg)
+                        schedule=toy_sigmas, cfg=DEFAULT_CFG if args.cfg is None else args.cfg,
+                        fast_solver=args.solver)
     print(f"loaded the model, spaCy and MiniLM in {time.perf_counter() - t0:.1f} s", flush=True)
 
     requests = []

@@ -100,13 +100,16 @@ class ChaiPipeline:
     text_encode(prompt) returns the model's text features y (e.g. T5 [1, 1, L, 4096]) or (y, mask); negative is
     the uncond features (default: the model's null caption). video is an `opensora.presets.VideoSpec`: it fixes
     the latent shape, the schedule's shift and the model's height/width/fps inputs. schedule(steps) -> sigmas
-    overrides the exact OpenSora schedule. fingerprint defaults to `model_fingerprint(model)`.
+    overrides the exact OpenSora schedule. fingerprint defaults to `model_fingerprint(model)`. fast_solver
+    samples a hit's steps ("euler" or "dpmpp_2m", `opensora.sampler.SOLVERS`); a miss is the full Euler run.
     """
 
     def __init__(self, model: Any, cache: Any, config: ChaiConfig | None = None, *, text_encode: TextEncode,
                  video: Any, fingerprint: str | None = None, cfg: float = 7.0, negative: Tensor | None = None,
                  threshold: float | None = None, batch_size: int = 1, batched_cfg: bool = True,
-                 schedule: Callable[[int], Any] | None = None) -> None:
+                 schedule: Callable[[int], Any] | None = None, fast_solver: str = "euler") -> None:
+        if fast_solver not in opensora_sampler.SOLVERS:
+            raise ValueError(f"fast_solver must be one of {opensora_sampler.SOLVERS}, got {fast_solver!r}")
         self.model = model
         self.adapter = get_adapter(model)
         self.cache = cache
@@ -120,6 +123,7 @@ class ChaiPipeline:
         self.batch_size = int(batch_size)
         self.batched_cfg = batched_cfg
         self._schedule = schedule
+        self.fast_solver = fast_solver
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -185,7 +189,7 @@ class ChaiPipeline:
                 model = PatchedModel(self.model, self.adapter, plan.run, y, self.batch_size)
             try:
                 latent = opensora_sampler.sample(model, x_start, y, use_uncond, plan.sigmas, self.cfg, None, kwargs,
-                                                 batched_cfg=self.batched_cfg)
+                                                 batched_cfg=self.batched_cfg, solver=self.fast_solver)
             finally:
                 if plan.run is not None:
                     plan.run.release()

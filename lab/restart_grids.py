@@ -5,7 +5,9 @@ comparisons each grid's claims rest on (read at the Bonferroni-corrected level, 
 steps 8 / 6 / 4, every donor relation, the noise swap and Cache Attention after the restart at 0.8, and the solver
 control); "distilled": the 4-step guidance-1 student (plain 4 is its own full run) with restarts that skip one
 step (0.75, 3 steps) or two (0.5, 2 steps); "quick": a smoke subset of "table"; "solvers": plain, AB2 and
-ComfyUI's dpmpp_2m at 8 / 6 / 4 beside the scene restart at 0.8 (needs COMFYUI_DIR).
+ComfyUI's dpmpp_2m at 8 / 6 / 4 beside the scene restart at 0.8; "restart_solver": the restart's tail sampled
+with DPM-Solver++(2M) against Euler; "distilled_solver": the student with the multistep solvers and restarts whose
+tail is sampled with DPM-Solver++(2M).
 """
 from __future__ import annotations
 
@@ -71,8 +73,27 @@ def solvers_grid(full_steps: int = 30) -> list[Condition]:
     return out
 
 
+def restart_solver_grid(full_steps: int = 30) -> list[Condition]:
+    """The restart's tail with DPM-Solver++(2M) against Euler at 8 / 6, beside plain 8 and dpmpp_2m 8 / 6."""
+    r = lambda n, rel, **kw: Condition("restart", n, rel, TABLE_SIGMA, **kw)  # noqa: E731
+    return _full(full_steps) + [
+        Condition("plain", 8), Condition("solver", 8, solver="dpmpp_2m"), Condition("solver", 6, solver="dpmpp_2m"),
+        r(8, "scene"), r(6, "scene"), r(8, "scene", solver="dpmpp_2m"), r(6, "scene", solver="dpmpp_2m"),
+        r(8, "object", solver="dpmpp_2m")]
+
+
+def distilled_solver_grid(full_steps: int = 4) -> list[Condition]:
+    """The student: plain 4 (the reference) and 3, AB2 3, dpmpp_2m 4 / 3, restarts sampled with dpmpp_2m."""
+    out = _full(full_steps) + [Condition("plain", 3), Condition("solver", 3, solver="ab2"),
+                               Condition("solver", 4, solver="dpmpp_2m"), Condition("solver", 3, solver="dpmpp_2m")]
+    for rel in ("scene", "same"):
+        out += [Condition("restart", 3, rel, 0.75, solver="dpmpp_2m")]
+    return out + [Condition("restart", 2, "same", 0.5, solver="dpmpp_2m")]
+
+
 GRIDS = {"table": table_grid, "quick": quick_grid, "restart": restart_grid, "distilled": distilled_grid,
-         "solvers": solvers_grid}
+         "solvers": solvers_grid, "restart_solver": restart_solver_grid,
+         "distilled_solver": distilled_solver_grid}
 
 
 def _rk(n: int, rel: str, sigma: float = TABLE_SIGMA) -> CellKey:
@@ -114,14 +135,37 @@ COMPARISONS_SOLVERS: tuple[tuple[CellKey, CellKey], ...] = (
 )
 
 
+def _rd(n: int, rel: str, sigma: float = TABLE_SIGMA) -> CellKey:
+    """The cell key of a swap restart whose tail is sampled with DPM-Solver++(2M)."""
+    return Condition("restart", n, rel, sigma, solver="dpmpp_2m").key
+
+
+_DPM = lambda n: ("solver", "-", n, "dpmpp_2m")  # noqa: E731
+# Fixed before its run (issue 27 item 4's rule: does the solver that wins on its own also help the restart?).
+COMPARISONS_RESTART_SOLVER: tuple[tuple[CellKey, CellKey], ...] = (
+    (_rd(8, "scene"), _rk(8, "scene")), (_rd(6, "scene"), _rk(6, "scene")),
+    (_rd(8, "scene"), _REF30), (_rd(6, "scene"), _REF30), (_rd(8, "scene"), _DPM(8)),
+)
+# Fixed before its run: the student with multistep solvers, and restarts sampled with one, against its own 4 steps.
+COMPARISONS_4_SOLVER: tuple[tuple[CellKey, CellKey], ...] = (
+    (_DPM(3), _REF4), (("solver", "-", 3, "ab2"), _REF4), (_DPM(4), _REF4),
+    (_rd(3, "scene", 0.75), _REF4), (_rd(3, "same", 0.75), _REF4), (_rd(3, "scene", 0.75), _DPM(3)),
+)
+
+
 def comparisons_for(grid: str) -> tuple[tuple[CellKey, CellKey], ...]:
     """The fixed comparison list of a grid."""
-    return {"distilled": COMPARISONS_4, "solvers": COMPARISONS_SOLVERS}.get(grid, COMPARISONS_30)
+    return {"distilled": COMPARISONS_4, "solvers": COMPARISONS_SOLVERS, "restart_solver": COMPARISONS_RESTART_SOLVER,
+            "distilled_solver": COMPARISONS_4_SOLVER}.get(grid, COMPARISONS_30)
 
 
 def aa_for(grid: str) -> tuple[CellKey, ...]:
     """The A/A conditions of a grid."""
-    return AA_4 if grid == "distilled" else AA_30  # (the solver check runs one seed: no A/A)
+    if grid == "restart_solver":
+        return (_REF30, _rd(8, "scene"))
+    if grid == "distilled_solver":
+        return (_REF4, _DPM(3), _rd(3, "scene", 0.75))
+    return AA_4 if grid in ("distilled",) else AA_30  # (the solver check runs one seed: no A/A)
 
 
 __all__ = ["GRIDS", "SIGMAS", "FAST", "TABLE_SIGMA", "COMPARISONS_30", "COMPARISONS_4", "AA_30", "AA_4",

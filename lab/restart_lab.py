@@ -37,13 +37,14 @@ class Condition:
     sigma: float = 0.0  # restart: the target sigma
     swap: bool = True  # restart: re-noise with the request's noise (False: the donor's own)
     both: bool = False  # restart: then Cache Attention at the pack's cache sigmas
-    solver: str = "-"  # solver: "ab2" or a ComfyUI sampler name
+    solver: str = "-"  # solver: "ab2" or a ComfyUI sampler name; restart: "dpmpp_2m" samples the tail with it
 
     @property
     def key(self) -> CellKey:
         """The cell key (kind, relation, steps, variant) of the lab's tables."""
         if self.kind == "restart":
             variant = f"{self.sigma:.2f}" + ("" if self.swap else " noswap") + (" both" if self.both else "")
+            variant += "" if self.solver == "-" else f" {self.solver}"
         elif self.kind == "chai":
             variant = PACK.name
         elif self.kind == "solver":
@@ -87,13 +88,16 @@ def run_condition(sampler: LabSampler, cond: Condition, req: Request,
     if cond.kind == "restart":
         start, plan = restart_start(donors[cond.relation], sampler.noise(req), cond.sigma, cond.steps, cond.swap)
         if not cond.both:
-            return sampler.run(req, plan.steps, start=start, sigmas=plan.sigmas), [], plan.steps
+            solver = "euler" if cond.solver == "-" else cond.solver
+            return sampler.run(req, plan.steps, start=start, sigmas=plan.sigmas, solver=solver), [], plan.steps
         cache = steps_at_sigmas(BOTH_SIGMAS, list(plan.sigmas))
         latent, fired = sampler.chai(req, plan.steps, [donors[cond.relation]], PACK, start=start,
                                      sigmas=plan.sigmas, cache_steps=cache)
         return latent, fired, plan.steps
     if cond.kind == "solver":
         sigmas = toy_sigmas(cond.steps).tolist()
+        if cond.solver == "dpmpp_2m":  # the reference sampler's own (equal to ComfyUI's: tier 2 checks it)
+            return sampler.run(req, cond.steps, solver="dpmpp_2m"), [], cond.steps
         if cond.solver == "ab2":
             return ab2(sampler.velocity(req), sampler.noise(req), sigmas), [], cond.steps
         latent, calls = comfy_sampler(cond.solver, sampler.velocity(req), sampler.noise(req), sigmas)

@@ -185,6 +185,30 @@ def test_pipeline_restart_hit_is_the_donor_origin_renoised_and_the_seed_matters(
     assert (other_seed.latent - hit.latent).abs().mean() > 0.05 * hit.latent.abs().mean()
 
 
+def test_pipeline_fast_solver_samples_the_hit_with_dpmpp_2m_and_the_miss_stays_euler(model, cache):
+    from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline
+
+    pipe = ChaiPipeline(model, cache, ChaiConfig(reuse="restart"), text_encode=toy_text_encode, video=VIDEO,
+                        cfg=4.0, schedule=toy_sigmas, fast_solver="dpmpp_2m")
+    miss = pipe.generate(DONOR, seed=1)
+    y, mask = toy_text_encode(DONOR)
+    from comfyui_chai.opensora.sampler import opensora_model_kwargs
+    kwargs = opensora_model_kwargs(VIDEO.height, VIDEO.width, VIDEO.num_frames, 1, VIDEO.fps, mask, "cpu")
+    torch.testing.assert_close(miss.latent, sample(model, make_noise(pipe.shape, 1), y, model.null_caption(1),
+                                                   toy_sigmas(30), 4.0, None, kwargs), atol=1e-5, rtol=1e-5)
+    hit = pipe.generate(SAME_SCENE, seed=2)
+    assert hit.report.reuse == "restart"
+    loaded = DonorSet.from_entry(*cache.store.load_latents(cache.store.entries()[0].id))
+    y, mask = toy_text_encode(SAME_SCENE)
+    kwargs = opensora_model_kwargs(VIDEO.height, VIDEO.width, VIDEO.num_frames, 1, VIDEO.fps, mask, "cpu")
+    start = renoise(loaded.origin.latent, make_noise(pipe.shape, 2), 0.8)
+    args = (model, start, y, model.null_caption(1), toy_sigmas(10)[2:], 4.0, None, kwargs)
+    torch.testing.assert_close(hit.latent, sample(*args, solver="dpmpp_2m"), atol=1e-5, rtol=1e-5)
+    assert (hit.latent - sample(*args)).abs().max() > 1e-3  # not the Euler tail
+    with pytest.raises(ValueError, match="fast_solver must be one of"):
+        ChaiPipeline(model, cache, text_encode=toy_text_encode, video=VIDEO, fast_solver="heun")
+
+
 def test_pipeline_subject_only_hit_borrows_attention_instead(model, cache):
     pipe = _pipe(model, cache, reuse="restart")
     pipe.generate(DONOR, seed=1)
