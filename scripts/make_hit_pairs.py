@@ -13,6 +13,10 @@ pairs.jsonl; provenance.jsonl keeps the candidate kinds per pair id. Requests ar
 held-out split by a hash of the request text (a held-out request never appears in calibration).
 
     .venv/bin/python scripts/make_hit_pairs.py --out bench/data/hit_pairs
+    .venv/bin/python scripts/make_hit_pairs.py --out bench/data/style_pairs --no-vbench --requests 80 --id-prefix s
+
+The second line builds issue 25's ComfyUI-style set from the prompt files in its folder alone (every request of a
+style up to --requests; the source is the style).
 """
 from __future__ import annotations
 
@@ -43,9 +47,9 @@ def split_of(request: str) -> str:
     return "heldout" if h < HELD_OUT_SHARE else "calib"
 
 
-def sources(data: Path) -> dict[str, list[str]]:
+def sources(data: Path, vbench: bool = True) -> dict[str, list[str]]:
     """Prompt lists by source name."""
-    out = {"vbench": load_prompts(DEFAULT_PROMPTS)}
+    out = {"vbench": load_prompts(DEFAULT_PROMPTS)} if vbench else {}
     for path in sorted(data.glob("prompts_*.txt")):
         out[path.stem.removeprefix("prompts_")] = load_prompts(path)
     return out
@@ -57,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "data" / "hit_pairs")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--threshold", type=float, default=0.70)
+    ap.add_argument("--no-vbench", action="store_true", help="only the folder's prompts_*.txt files")
+    ap.add_argument("--requests", type=int, default=None, help="requests per source (default: issue 11's counts)")
+    ap.add_argument("--id-prefix", default="p", help="pair ids are this letter and a number")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -72,12 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     extractor, embedder = EntityExtractor(), get_embedder("minilm")
     donors: list[tuple[str, str]] = []   # (source, prompt)
     requests: list[tuple[str, str]] = []
-    for name, prompts in sources(args.out).items():
+    for name, prompts in sources(args.out, vbench=not args.no_vbench).items():
         prompts = list(dict.fromkeys(prompts))
         rng.shuffle(prompts)
         half = len(prompts) // 2
         donors += [(name, p) for p in prompts[:half]]
-        requests += [(name, p) for p in prompts[half:][:REQUESTS_PER_SOURCE.get(name, 50)]]
+        per = args.requests if args.requests is not None else REQUESTS_PER_SOURCE.get(name, 50)
+        requests += [(name, p) for p in prompts[half:][:per]]
     print(f"{len(donors)} donors, {len(requests)} requests", flush=True)
 
     def embed(prompt_list: list[str]) -> list[EmbeddedEntities]:
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out / "pairs.jsonl", "w", encoding="utf-8") as f, \
             open(args.out / "provenance.jsonl", "w", encoding="utf-8") as g:
         for n, ((request, donor), kinds) in enumerate(items):
-            pid = f"p{n:04d}"
+            pid = f"{args.id_prefix}{n:04d}"
             f.write(json.dumps({"id": pid, "request": request, "donor": donor}, ensure_ascii=False) + "\n")
             g.write(json.dumps({"id": pid, "source": meta[request], "split": split_of(request),
                                 "candidates": sorted(kinds)}, ensure_ascii=False) + "\n")
