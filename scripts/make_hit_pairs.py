@@ -13,7 +13,8 @@ pairs.jsonl; provenance.jsonl keeps the candidate kinds per pair id. Requests ar
 held-out split by a hash of the request text (a held-out request never appears in calibration).
 
     .venv/bin/python scripts/make_hit_pairs.py --out bench/data/hit_pairs
-    .venv/bin/python scripts/make_hit_pairs.py --out bench/data/style_pairs --no-vbench --requests 80 --id-prefix s
+    .venv/bin/python scripts/make_hit_pairs.py --out bench/data/style_pairs --no-vbench --requests 80 --id-prefix s \
+        --extra
 
 The second line builds issue 25's ComfyUI-style set from the prompt files in its folder alone (every request of a
 style up to --requests; the source is the style).
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-vbench", action="store_true", help="only the folder's prompts_*.txt files")
     ap.add_argument("--requests", type=int, default=None, help="requests per source (default: issue 11's counts)")
     ap.add_argument("--id-prefix", default="p", help="pair ids are this letter and a number")
+    ap.add_argument("--extra", action="store_true",
+                    help="also the second-nearest donor by whole prompt and a second donor sharing a noun")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -125,12 +128,16 @@ def main(argv: list[str] | None = None) -> int:
                 donor = pick(ee, thr)
                 if donor is not None:
                     found.append((kind, donor))
-            nn = int(np.argmax(donor_vec @ request_vec[i]))
-            found.append(("prompt_nn", donor_prompts[nn]))
+            order = np.argsort(-(donor_vec @ request_vec[i]))
+            found.append(("prompt_nn", donor_prompts[int(order[0])]))
             mine = {e.head for e in ee.entities}
             sharing = [j for j, h in enumerate(heads) if h & mine and donor_prompts[j] != request]
             if sharing:
                 found.append(("shared_word", donor_prompts[rng.choice(sharing)]))
+            if args.extra:
+                found.append(("prompt_nn2", donor_prompts[int(order[1])]))
+                if len(sharing) > 1:
+                    found.append(("shared_word2", donor_prompts[rng.choice(sharing)]))
             if rng.random() < 0.25:
                 found.append(("random", donor_prompts[rng.randrange(len(donor_prompts))]))
             for kind, donor in found:
