@@ -120,7 +120,8 @@ def choose_reuse(hit: CacheHit, config: ChaiConfig) -> tuple[str, str]:
     origin = hit.donors.origin if hit.donors is not None else None
     if config.full_steps < MIN_RESTART_FULL_STEPS:
         why = (f"no restart below {MIN_RESTART_FULL_STEPS} full steps: on a few-step (distilled) model the quality "
-               "lab found a restart worse than the model's own run (docs/quality-lab.md)")
+               "lab found a restart worse than the model's own run; sampling it with dpmpp_2m instead of euler "
+               "saved a step there without any donor (docs/quality-lab.md)")
     elif origin is None:
         why = "the cached entry kept no restart latent (stored before restarts, or its run did not start from noise)"
     elif not serves(origin.sigma, config.restart_sigma):
