@@ -54,7 +54,7 @@ def env(comfy, tmp_path_factory) -> dict[str, Any]:
     paths.append(str(folder))
     mappings = comfy.nodes.NODE_CLASS_MAPPINGS
     test_nodes = {"CHAI_Test_WordCond": word_cond_node(4096), "CHAI_Test_ApplyCapture": _Capture,
-                  "CHAI_Test_ForwardTap": _ForwardTap}
+                  "CHAI_Test_ForwardTap": _ForwardTap, "CHAI_Test_Compile": _Compile}
     mappings.update(test_nodes)
     yield {}
     CAPTURED.clear()
@@ -410,3 +410,63 @@ def test_graphs_saved_before_restarts_are_started_from_the_restart_latent(comfy,
     graph["sampler"]["inputs"]["add_noise"] = "disable"
     run_ok(comfy, graph)
     assert "enable add_noise" in CAPTURED["ro-nonoise"]["trace"].report.attention
+
+
+# ---------------------------------------------------------------------------------------------- torch.compile
+
+COMPILE_BACKEND = os.environ.get("CHAI_TEST_COMPILE_BACKEND", "aot_eager")  # "inductor": what users pick; slow
+
+
+class _Compile:
+    """ComfyUI's own torch.compile wrapper (what its TorchCompileModel node installs) with a chosen backend."""
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "run"
+    CATEGORY = "testing"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {"model": ("MODEL",), "backend": ("STRING", {"default": "aot_eager"})}}
+
+    def run(self, model, backend):
+        from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+        m = model.clone()
+        set_torch_compile_wrapper(model=m, backend=backend)
+        return (m,)
+
+
+def compiled(graph: dict) -> dict:
+    """CHAI Apply on the compiled MODEL (the compile wrapper sits under CHAI's, as when a user chains the nodes)."""
+    graph["compile"] = {"class_type": "CHAI_Test_Compile", "inputs": {"model": ["shift", 0],
+                                                                     "backend": COMPILE_BACKEND}}
+    graph["apply"]["inputs"]["model"] = ["compile", 0]
+    return graph
+
+
+def test_a_compiled_model_under_chai_gives_the_uncompiled_videos_miss_restart_and_cache_attention(comfy, env):
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    videos: dict[tuple[str, bool], torch.Tensor] = {}
+    traces = {}
+    for on in (False, True):
+        cache = f"t2-apply-compile-{on}"
+        wrap = compiled if on else (lambda g: g)
+        dynamo.reset()
+        counters.clear()
+        for name, prompt, build in (("miss", DOG_BEACH, ksampler_advanced), ("restart", DOG_SLEEPS, restart_custom),
+                                    ("attention", DOG_BALL, ksampler_advanced)):
+            key = f"cmp-{on}-{name}"
+            run_ok(comfy, wrap(build(base_graph(cache, prompt, key))))
+            videos[(name, on)] = CAPTURED[key]["latent"]["samples"]
+            traces[(name, on)] = CAPTURED[key]["trace"]
+        if on:
+            stats = {k: dict(v) for k, v in counters.items() if k in ("stats", "graph_break", "recompiles")}
+            print(f"torch.compile ({COMPILE_BACKEND}) under CHAI: {stats}")
+            assert counters["stats"]["unique_graphs"] > 0  # the model really ran compiled
+    assert traces[("miss", True)].mode == "full" and traces[("miss", True)].donors.origin is not None
+    assert traces[("restart", True)].report.reuse == "restart"
+    assert traces[("attention", True)].fired_steps == (2, 3, 4)  # Cache Attention fired inside the compiled model
+    for name in ("miss", "restart", "attention"):
+        torch.testing.assert_close(videos[(name, True)], videos[(name, False)], atol=1e-4, rtol=1e-4)
