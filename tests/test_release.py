@@ -137,3 +137,15 @@ def test_the_comfyui_benches_run_chai_samplers_default_cache_steps():
     from comfyui_chai.chai_attention.config import ChaiConfig
 
     assert DEFAULT_CACHE_STEPS == ",".join(map(str, ChaiConfig().cache_steps))
+
+
+def test_requires_comfyui_and_the_readme_table_say_what_ran_and_what_was_only_read():
+    readme = (REPO / "README.md").read_text(encoding="utf-8").split("### ComfyUI versions tested", 1)[1]
+    ran = re.findall(r"^\| v(\d+\.\d+\.\d+) \(\*\*ran\*\*\) \|", readme, re.M)
+    assert ran, "the tested-versions table marks the releases tier 2 ran on"
+    oldest = min(ran, key=lambda v: tuple(map(int, v.split("."))))
+    assert COMFY["requires-comfyui"] == f">={oldest}", "the lower bound is the oldest release that ran"
+    read = re.findall(r"^\| newer, up to (\d+\.\d+\.\d+) \(\*\*read only\*\*\) \| .*\*\*not run\*\*", readme, re.M)
+    compat = (REPO / "docs" / "comfyui-compat.md").read_text(encoding="utf-8")
+    newest_read = re.search(r"newest stored release\s+marker is (\d+\.\d+\.\d+)", compat)
+    assert newest_read and read == [newest_read.group(1)], (read, newest_read)
