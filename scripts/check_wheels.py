@@ -79,6 +79,8 @@ class Cell:
         if self.ok:
             return f"ok ({self.wheels} wheels)"
         parts = [f"no wheel: {', '.join(self.missing)}"] if self.missing else []
+        if self.wheels:
+            parts.append(f"the other {self.wheels} wheels ok")
         return "; ".join(parts + ([self.error] if self.error else []))
 
 
