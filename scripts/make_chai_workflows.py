@@ -1,4 +1,5 @@
-"""Write the shipped CHAI workflows (UI format, workflows/) and their API-format twins (tests/workflows/).
+"""Write the shipped CHAI workflows (UI format, workflows/), their API-format twins (tests/workflows/) and the
+subgraph blueprints (subgraphs/).
 
     python scripts/make_chai_workflows.py          # rewrite all
     python scripts/make_chai_workflows.py --check  # exit 1 when a file on disk differs from what this writes
@@ -11,23 +12,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 
-from workflow_api import WIDGET_TYPES, ui_to_api  # noqa: E402
+import ui_graph  # noqa: E402
+from workflow_api import ui_to_api  # noqa: E402
 
 from comfyui_chai.chai_attention.config import ChaiConfig  # noqa: E402
 from comfyui_chai.chai_attention.constants import WAN22_BOUNDARY  # noqa: E402
 from comfyui_chai.toyworld.model import DEFAULT_CFG as TOY_CFG  # noqa: E402
 
 PACK_CACHE_STEPS = ",".join(map(str, ChaiConfig().cache_steps))  # the CHAI Sampler / CHAI Apply default
-SPECS = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
-FRONTEND_VERSION = "1.27.10"
+SPECS = ui_graph.SPECS
 OPENSORA_PROMPT = "a golden retriever running along a sunny beach at sunset, waves in the background"
 TOY_PROMPT = "a red ball bouncing across a sunny beach"
 TOY_NOTE_TEMPLATE = """## CHAI on the toy world (runs on any CPU in seconds)
@@ -117,63 +118,13 @@ def files_note(*keys: str) -> str:
     return "\n".join(lines)
 
 
-class UIGraph:
-    """Builds a UI-format (frontend "workflow", version 0.4) graph from node types, widget values and links."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.nodes: list[dict[str, Any]] = []
-        self.links: list[list[Any]] = []
+class UIGraph(ui_graph.UIGraph):
+    """ui_graph.UIGraph with model files named by their MODEL_FILES key."""
 
     def node(self, kind: str, pos: tuple[int, int], widgets: list[Any], *, title: str | None = None,
-             size: tuple[int, int] = (320, 130), models: tuple[str, ...] = ()) -> int:
-        """Add a node; widgets are its widgets_values (control_after_generate values included)."""
-        spec = SPECS[kind] if kind in SPECS else {"inputs": [], "outputs": [], "widgets": []}
-        node_id = len(self.nodes) + 1
-        widget_names = {w[0] for w in spec["widgets"]}
-        sockets = [{"name": n, "type": t, "link": None} for n, t in spec["inputs"]
-                   if t not in WIDGET_TYPES or (n not in widget_names and t != "COMBO")]
-        node = {"id": node_id, "type": kind, "pos": list(pos), "size": list(size), "flags": {},
-                "order": len(self.nodes), "mode": 0, "inputs": sockets,
-                "outputs": [{"name": n, "type": t, "links": []} for n, t in spec["outputs"]],
-                "properties": {"Node name for S&R": kind}, "widgets_values": widgets}
-        if models:
-            node["properties"]["models"] = [dict(MODEL_FILES[key]) for key in models]
-        if title:
-            node["title"] = title
-        self.nodes.append(node)
-        return node_id
-
-    def note(self, pos: tuple[int, int], text: str, size: tuple[int, int] = (420, 260)) -> None:
-        """A MarkdownNote (frontend only: not part of the API prompt)."""
-        node_id = len(self.nodes) + 1
-        self.nodes.append({"id": node_id, "type": "MarkdownNote", "pos": list(pos), "size": list(size), "flags": {},
-                           "order": len(self.nodes), "mode": 0, "inputs": [], "outputs": [],
-                           "properties": {}, "widgets_values": [text], "title": "About this workflow"})
-
-    def link(self, src: int, slot: int, dst: int, name: str) -> None:
-        """Connect output `slot` of node src to input `name` of node dst (a widget input becomes linked)."""
-        source, target = self.nodes[src - 1], self.nodes[dst - 1]
-        kind = source["outputs"][slot]["type"]
-        link_id = len(self.links) + 1
-        entry = next((e for e in target["inputs"] if e["name"] == name), None)
-        if entry is None:  # a widget driven by a link
-            types = dict((n, t) for n, t in SPECS[target["type"]]["inputs"])
-            if name not in types:
-                raise ValueError(f"{target['type']} has no input {name!r}")
-            entry = {"name": name, "type": types[name], "widget": {"name": name}, "link": None}
-            target["inputs"].append(entry)
-        entry["link"] = link_id
-        source["outputs"][slot]["links"].append(link_id)
-        self.links.append([link_id, src, slot, dst, target["inputs"].index(entry), kind])
-
-    def to_json(self) -> dict[str, Any]:
-        """The workflow document."""
-        return {"id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfyui-chai/{self.name}")), "revision": 0,
-                "last_node_id": len(self.nodes), "last_link_id": len(self.links), "nodes": self.nodes,
-                "links": self.links, "groups": [], "config": {},
-                "extra": {"ds": {"scale": 0.6, "offset": [480, 40]}, "frontendVersion": FRONTEND_VERSION},
-                "version": 0.4}
+             size: tuple[int, int] = (320, 130), models: tuple[Any, ...] = ()) -> int:
+        return super().node(kind, pos, widgets, title=title, size=size,
+                            models=tuple(MODEL_FILES[m] if isinstance(m, str) else m for m in models))
 
 
 # The CHAI nodes sit in three columns from x: cache and entities, lookup and sampler, write and stats. Each node
@@ -540,10 +491,114 @@ def opensora_warmup() -> UIGraph:
     return g
 
 
+# One CHAI node for the common case (issue 24 item 3), as two subgraphs: "CHAI" between the model loader and the
+# sampler (cache, entity extract, lookup, CHAI Apply) and "CHAI Store" after it (Apply Trace, Cache Write, Stats),
+# since Cache Write needs the sampler's result. Shipped inside a toy-world template (frontend 1.27.10 loads
+# subgraphs from a workflow) and as blueprint files in subgraphs/ (ComfyUI releases with app/subgraph_manager.py
+# list a pack's subgraphs/*.json as blueprints; on v0.3.64 copy them to user/default/subgraphs/).
+CHAI_WIDGETS = ("prompt", "cache_name", "sampler_name", "scheduler", "full_steps", "fast_steps")
+
+
+def chai_subgraph() -> ui_graph.Subgraph:
+    """Cache, entity extract, lookup and CHAI Apply: MODEL and LATENT in, what the sampler needs out."""
+    sub = ui_graph.Subgraph("CHAI", first_id=100, first_link=100, input_x=-300, output_x=1100)
+    model, latent = sub.add_input("model", "MODEL"), sub.add_input("latent", "LATENT")
+    slots = dict(zip(CHAI_WIDGETS, (sub.add_input(n, t) for n, t in
+                                    zip(CHAI_WIDGETS, ("STRING", "STRING", "COMBO", "COMBO", "INT", "INT")))))
+    cache = sub.node("CHAI_CacheOpen", (0, 40), ["default", 2.0, "lru", "minilm"], size=(300, 300))
+    ents = sub.node("CHAI_EntityExtract", (0, 380), [""], size=(300, 240))
+    lookup = sub.node("CHAI_CacheLookup", (340, 40), [0.0], size=(340, 380))
+    apply = sub.node("CHAI_Apply", (720, 40),
+                     ["euler", "simple", 30, 8, PACK_CACHE_STEPS, "replace", "cond", WAN22_BOUNDARY, "restart", 0.8],
+                     size=(340, 640))
+    sub.link_in(slots["prompt"], ents, "prompt")
+    sub.link_in(slots["cache_name"], cache, "name")
+    for name in CHAI_WIDGETS[2:]:
+        sub.link_in(slots[name], apply, name)
+    for node in (lookup, apply):
+        sub.link_in(model, node, "model")
+        sub.link_in(latent, node, "latent")
+    sub.link(cache, 0, lookup, "cache")
+    sub.link(ents, 0, lookup, "entities")
+    sub.link(lookup, 0, apply, "hit")
+    for name, kind, (src, slot) in (("MODEL", "MODEL", (apply, 0)), ("LATENT", "LATENT", (apply, 6)),
+                                    ("steps", "INT", (apply, 2)), ("start_at_step", "INT", (apply, 7)),
+                                    ("SIGMAS", "SIGMAS", (apply, 1)), ("chai", "CHAI_APPLIED", (apply, 4)),
+                                    ("cache", "CHAI_CACHE", (cache, 0)), ("entities", "CHAI_ENTITIES", (ents, 0))):
+        sub.link_out(src, slot, sub.add_output(name, kind))
+    return sub
+
+
+def chai_store_subgraph() -> ui_graph.Subgraph:
+    """Apply Trace, Cache Write and Stats: after the sampler, the run is stored for later hits."""
+    sub = ui_graph.Subgraph("CHAI Store", first_id=200, first_link=200, input_x=-300, output_x=760)
+    chai, samples = sub.add_input("chai", "CHAI_APPLIED"), sub.add_input("samples", "LATENT")
+    cache, ents = sub.add_input("cache", "CHAI_CACHE"), sub.add_input("entities", "CHAI_ENTITIES")
+    trace = sub.node("CHAI_ApplyTrace", (0, 40), [], size=(300, 200))
+    write = sub.node("CHAI_CacheWrite", (340, 40), [], size=(380, 300))
+    stats = sub.node("CHAI_CacheStats", (340, 380), ["show"], size=(380, 400))
+    sub.link_in(chai, trace, "chai")
+    sub.link_in(samples, trace, "samples")
+    sub.link_in(cache, write, "cache")
+    sub.link_in(ents, write, "entities")
+    sub.link_in(cache, stats, "cache")
+    sub.link(trace, 0, write, "trace")
+    sub.link(write, 0, stats, "after")
+    sub.link_out(write, 0, sub.add_output("report", "STRING"))
+    return sub
+
+
+BLUEPRINT_WIDGETS = ["", "default", "euler", "simple", 30, 8]  # the CHAI node's widgets when dropped in a graph
+BLUEPRINTS = {"CHAI": (chai_subgraph, BLUEPRINT_WIDGETS), "CHAI Store": (chai_store_subgraph, [])}
+
+
+def toy_one_node() -> UIGraph:
+    """The toy world through the two CHAI subgraph nodes around an ordinary KSamplerAdvanced."""
+    g = UIGraph("chai_toy_one_node")
+    g.note((-460, 40), "## One CHAI node (toy world, any CPU)\n\n**CHAI** sits between the model loader and the "
+                       "sampler, as TeaCache or EasyCache do: it looks the prompt's entities up in the cache and "
+                       "gives the sampler a patched MODEL, its steps (30 on a miss, 8 on a hit), start_at_step and "
+                       "LATENT (a hit restarts from the donor's latent). **CHAI Store** after the sampler stores "
+                       "the run for later hits. Both are subgraphs: double-click to see the CHAI nodes inside.\n\n"
+                       "In your own graph: connect MODEL -> model, steps, start_at_step and LATENT -> "
+                       "latent_image of a KSamplerAdvanced (add_noise enabled), set sampler_name and scheduler "
+                       "on CHAI to your sampler's, and feed CHAI Store chai, cache, entities and the sampler's "
+                       "LATENT. Queue this prompt (a miss), then one sharing an entity (a hit).",
+           size=(440, 520))
+    prompt = g.node("PrimitiveStringMultiline", (0, 40), [TOY_PROMPT], title="Prompt", size=(380, 160))
+    model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["toyworld_stdit3.safetensors", "default"])
+    text = g.node("CHAI_ToyTextEncode", (0, 400), [""], size=(380, 200))
+    g.link(model, 0, text, "model")
+    g.link(prompt, 0, text, "prompt")
+    latent = g.node("CHAI_ToyEmptyLatent", (0, 690), [1], size=(320, 80))
+    chai = g.subgraph_node(chai_subgraph(), (440, 40), ["", "toyworld", "euler", "simple", 30, 8], size=(340, 420))
+    g.link(model, 0, chai, "model")
+    g.link(latent, 0, chai, "latent")
+    g.link(text, 2, chai, "prompt")
+    ks = g.node("KSamplerAdvanced", (840, 40),
+                ["enable", 42, "randomize", 30, TOY_CFG, "euler", "simple", 0, 10000, "disable"], size=(340, 520))
+    for name, (src, slot) in (("model", (chai, 0)), ("positive", (text, 0)), ("negative", (text, 1)),
+                              ("latent_image", (chai, 1)), ("steps", (chai, 2)), ("start_at_step", (chai, 3))):
+        g.link(src, slot, ks, name)
+    store = g.subgraph_node(chai_store_subgraph(), (1240, 40), [], size=(300, 160))
+    for name, (src, slot) in (("chai", (chai, 5)), ("samples", (ks, 0)), ("cache", (chai, 6)),
+                              ("entities", (chai, 7))):
+        g.link(src, slot, store, name)
+    decode = g.node("CHAI_ToyDecode", (1240, 260), [8], size=(300, 100))
+    g.link(ks, 0, decode, "samples")
+    video = g.node("CreateVideo", (1240, 420), [8.0], size=(300, 100))
+    g.link(decode, 0, video, "images")
+    g.link(decode, 1, video, "fps")
+    save = g.node("SaveVideo", (1600, 40), ["video/CHAI_toy_one_node", "auto", "auto"], size=(400, 460))
+    g.link(video, 0, save, "video")
+    return g
+
+
 WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
              "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v,
              "chai_wan22_a14b_t2v": wan22_a14b_t2v, "chai_wan22_5b_i2v": wan22_5b_i2v,
-             "chai_hunyuan_video_t2v": hunyuan_video_t2v, "chai_ltxv_t2v": ltxv_t2v}
+             "chai_hunyuan_video_t2v": hunyuan_video_t2v, "chai_ltxv_t2v": ltxv_t2v,
+             "chai_toy_one_node": toy_one_node}
 # The UI files' names. ComfyUI's template browser (frontend 1.27.10) titles a custom node pack's template with its
 # file name in two lines of a 16rem card and describes it with the same name ('-' and '_' shown as spaces; the
 # frontend has no other description for a pack's template), so the names are short titles (at most
@@ -558,6 +613,7 @@ TEMPLATE_FILES = {
     "chai_wan22_5b_i2v": "CHAI Wan 2.2 5B, image to video",
     "chai_hunyuan_video_t2v": "CHAI HunyuanVideo, text to video",
     "chai_ltxv_t2v": "CHAI LTX Video 2B, text to video",
+    "chai_toy_one_node": "CHAI toy world, one CHAI node",
 }
 
 
@@ -570,6 +626,8 @@ def render() -> dict[Path, str]:
         files[REPO / "workflows" / f"{TEMPLATE_FILES[name]}.json"] = json.dumps(ui, indent=2) + "\n"
         files[REPO / "tests" / "workflows" / f"{name}_api.json"] = json.dumps(ui_to_api(ui, specs), indent=2) + "\n"
     files[REPO / "tests" / "workflows" / "template_files.json"] = json.dumps(TEMPLATE_FILES, indent=2) + "\n"
+    for name, (build, widgets) in BLUEPRINTS.items():
+        files[REPO / "subgraphs" / f"{name}.json"] = json.dumps(build().blueprint(widgets), indent=2) + "\n"
     return files
 
 
@@ -580,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     rendered = render()
     # UI files this script no longer writes (an old name) would still be listed by the template browser.
-    extra = [p for p in (REPO / "workflows").glob("*.json") if p not in rendered]
+    extra = [p for folder in ("workflows", "subgraphs") for p in (REPO / folder).glob("*.json") if p not in rendered]
     for path in extra:
         if args.check:
             stale.append(path)

@@ -5,8 +5,8 @@
 ComfyUI's template browser shows a custom node pack's workflow `<name>.json` with the picture `<name>.jpg` next
 to it. The toy workflow's picture is a real frame strip: its prompt rendered by the shipped toy model with the
 workflow's seed, steps and cfg (the reference sampler, which equals the workflow's output to float rounding).
-The OpenSora, Wan, HunyuanVideo, LTXV and warm-up workflows get a diagram of their graph: their models are too
-large to run here.
+The OpenSora, Wan, HunyuanVideo, LTXV and warm-up workflows get a diagram of their graph (their models are too
+large to run here), and so does the one-node toy workflow (its picture would repeat the toy one's).
 """
 from __future__ import annotations
 
@@ -46,6 +46,9 @@ DIAGRAMS = {
     "chai_ltxv_t2v": ("CHAI on LTX-Video 2B", "ComfyUI's LTXV loaders + Cache Attention",
                       ["LTXV + T5", "Entity Extract", "Cache Lookup", "CHAI Sampler", "Cache Write",
                        "VAE Decode -> video"]),
+    "chai_toy_one_node": ("One CHAI node (toy world)", "between the loader and any sampler, any CPU",
+                          ["Toy model + text encode", "CHAI (Lookup + Apply)", "KSamplerAdvanced",
+                           "CHAI Store (Cache Write)", "Toy Decode -> video"]),
 }
 
 

@@ -12,7 +12,8 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "registry_archive.py"
 # What ComfyUI, ComfyUI-Manager and the frontend read from an installed pack.
 RUNTIME_FILES = ("__init__.py", "install.py", "requirements.txt", "pyproject.toml", "LICENSE", "README.md")
-RUNTIME_DIRS = ("nodes", "chai_attention", "cache_store", "opensora", "toyworld", "web", "workflows", "locales")
+RUNTIME_DIRS = ("nodes", "chai_attention", "cache_store", "opensora", "toyworld", "web", "workflows", "locales",
+                "subgraphs")
 DEV_DIRS = ("tests", "bench", "lab", "scripts", ".ci", ".github")
 
 

@@ -1,4 +1,5 @@
-"""Release metadata: the Comfy Registry fields of pyproject.toml, the icon, the changelog, the publish workflow.
+"""Release metadata: the Comfy Registry fields of pyproject.toml, the icon, the changelog, the version check of the
+publish job (the workflow itself: tests/test_ci_workflow.py).
 
 The field rules are the Registry's (its pyproject specification and comfy-cli's config parser, which reads
 `[tool.comfy]` PublisherId / DisplayName / Icon / requires-comfyui and `[project.urls]` Homepage / Documentation /
@@ -75,14 +76,6 @@ def test_changelog_has_an_entry_for_the_current_version():
     assert versions and versions[0] == PROJECT["version"], "CHANGELOG.md's newest entry must be the pyproject version"
 
 
-def test_publish_workflow_runs_the_registry_action_on_a_pyproject_change():
-    text = (REPO / ".github" / "workflows" / "publish.yml").read_text(encoding="utf-8")
-    assert "Comfy-Org/publish-node-action@v1" in text
-    assert "secrets.REGISTRY_ACCESS_TOKEN" in text
-    assert re.search(r'paths:\s*\["pyproject.toml"\]', text) and "workflow_dispatch" in text
-    assert "scripts/version_changed.py" in text
-
-
 # ------------------------------------------------------------------------------ scripts/version_changed.py
 
 def _git(repo: Path, *args: str) -> str:
@@ -144,3 +137,15 @@ def test_the_comfyui_benches_run_chai_samplers_default_cache_steps():
     from comfyui_chai.chai_attention.config import ChaiConfig
 
     assert DEFAULT_CACHE_STEPS == ",".join(map(str, ChaiConfig().cache_steps))
+
+
+def test_requires_comfyui_and_the_readme_table_say_what_ran_and_what_was_only_read():
+    readme = (REPO / "README.md").read_text(encoding="utf-8").split("### ComfyUI versions tested", 1)[1]
+    ran = re.findall(r"^\| v(\d+\.\d+\.\d+) \(\*\*ran\*\*\) \|", readme, re.M)
+    assert ran, "the tested-versions table marks the releases tier 2 ran on"
+    oldest = min(ran, key=lambda v: tuple(map(int, v.split("."))))
+    assert COMFY["requires-comfyui"] == f">={oldest}", "the lower bound is the oldest release that ran"
+    read = re.findall(r"^\| newer, up to (\d+\.\d+\.\d+) \(\*\*read only\*\*\) \| .*\*\*not run\*\*", readme, re.M)
+    compat = (REPO / "docs" / "comfyui-compat.md").read_text(encoding="utf-8")
+    newest_read = re.search(r"newest stored release\s+marker is (\d+\.\d+\.\d+)", compat)
+    assert newest_read and read == [newest_read.group(1)], (read, newest_read)

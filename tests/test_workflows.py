@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workflow_api import FRONTEND_ONLY, WIDGET_TYPES, WorkflowError, ui_to_api, widget_layout
+from workflow_api import (FRONTEND_ONLY, SUBGRAPH_INPUT, SUBGRAPH_OUTPUT, WIDGET_TYPES, WorkflowError, ui_to_api,
+                          widget_layout)
 from comfyui_chai.toyworld.model import DEFAULT_CFG
 
 REPO = Path(__file__).resolve().parents[1]
@@ -17,7 +18,7 @@ SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_te
 TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 SPECS = {kind: spec["widgets"] for kind, spec in SPEC_DOC.items()}
 NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v", "chai_wan22_a14b_t2v",
-         "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v"]
+         "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v", "chai_toy_one_node"]
 CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
             "CHAI_CacheStats", "CHAI_PromptList", "CHAI_OpenSoraModelLoader", "CHAI_OpenSoraTextEncode",
             "CHAI_OpenSoraEmptyLatent", "CHAI_OpenSoraScheduler", "CHAI_OpenSoraModelSampling",
@@ -50,29 +51,58 @@ def test_ui_workflow_converts_to_its_api_twin(name):
     assert ui_to_api(ui, SPECS) == api
 
 
+def graphs(ui: dict) -> list[tuple[str, dict, dict]]:
+    """(API id prefix, graph, subgraph definitions by id) for the root graph and every subgraph instance in it."""
+    subs = {s["id"]: s for s in ui.get("definitions", {}).get("subgraphs", [])}
+    out = [("", ui, subs)]
+    for node in ui["nodes"]:
+        if node["type"] in subs:
+            out.append((f"{node['id']}:", subs[node["type"]], subs))
+    return out
+
+
+def link_tuples(graph: dict) -> list[tuple]:
+    return [tuple(link) if isinstance(link, list) else
+            (link["id"], link["origin_id"], link["origin_slot"], link["target_id"], link["target_slot"], link["type"])
+            for link in graph["links"]]
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_links_are_well_typed_and_every_required_socket_is_connected(name):
     ui, api = load(name)
-    nodes = {n["id"]: n for n in ui["nodes"]}
-    for link_id, src, slot, dst, dst_slot, kind in ui["links"]:
-        source, target = nodes[src], nodes[dst]
-        assert source["outputs"][slot]["type"] == kind and link_id in source["outputs"][slot]["links"]
-        entry = target["inputs"][dst_slot]
-        assert entry["link"] == link_id
-        declared = dict((n, t) for n, t in SPEC_DOC[target["type"]]["inputs"])
-        assert declared[entry["name"]] == kind, (name, target["type"], entry["name"], kind)
-    for node in ui["nodes"]:
-        if node["type"] in FRONTEND_ONLY:
-            continue
-        assert node["type"] in SPEC_DOC, node["type"]
-        if node["type"].startswith("CHAI_"):
-            assert node["type"] in CHAI_IDS, node["type"]  # only released ids
-        spec = SPEC_DOC[node["type"]]
-        optional_sockets = {"hit", "clip", "audio", "model_2", "positive", "start_image"}
-        for input_name, kind in spec["inputs"]:
-            if kind in WIDGET_TYPES or input_name in optional_sockets:
+    for prefix, graph, subs in graphs(ui):
+        nodes = {n["id"]: n for n in graph["nodes"]}
+        for link_id, src, slot, dst, dst_slot, kind in link_tuples(graph):
+            if src == SUBGRAPH_INPUT:
+                boundary = graph["inputs"][slot]
+                assert boundary["type"] == kind and link_id in boundary["linkIds"]
+            else:
+                output = nodes[src]["outputs"][slot]
+                assert output["type"] == kind and link_id in output["links"], (name, src, slot)
+            if dst == SUBGRAPH_OUTPUT:
+                boundary = graph["outputs"][dst_slot]
+                assert boundary["type"] == kind and boundary["linkIds"] == [link_id]
                 continue
-            assert input_name in api[str(node["id"])]["inputs"], (name, node["type"], input_name)
+            target = nodes[dst]
+            entry = target["inputs"][dst_slot]
+            assert entry["link"] == link_id
+            if target["type"] in subs:
+                declared = {i["name"]: i["type"] for i in subs[target["type"]]["inputs"]}
+            else:
+                declared = dict((n, t) for n, t in SPEC_DOC[target["type"]]["inputs"])
+            assert declared[entry["name"]] == kind, (name, target["type"], entry["name"], kind)
+        for node in graph["nodes"]:
+            if node["type"] in FRONTEND_ONLY or node["type"] in subs:
+                continue
+            assert node["type"] in SPEC_DOC, node["type"]
+            if node["type"].startswith("CHAI_"):
+                assert node["type"] in CHAI_IDS, node["type"]  # only released ids
+            spec = SPEC_DOC[node["type"]]
+            optional_sockets = {"hit", "clip", "audio", "model_2", "positive", "start_image"}
+            for input_name, kind in spec["inputs"]:
+                if kind in WIDGET_TYPES or input_name in optional_sockets:
+                    continue
+                assert input_name in api[f"{prefix}{node['id']}"]["inputs"], (name, node["type"], input_name)
 
 
 def test_opensora_workflow_shares_one_prompt_and_decodes_to_a_saved_video():
@@ -325,8 +355,9 @@ def test_every_model_loader_carries_its_file_folder_and_download_link_and_the_no
             assert f"`{model['name']}` in `models/{model['directory']}/`" in note and model["url"] in note
 
 
-def test_the_toy_workflow_needs_no_download():
-    ui, _ = load("chai_toy_t2v")
+@pytest.mark.parametrize("name", ["chai_toy_t2v", "chai_toy_one_node"])
+def test_the_toy_workflow_needs_no_download(name):
+    ui, _ = load(name)
     assert not [n for n in ui["nodes"] if n.get("properties", {}).get("models")]
 
 

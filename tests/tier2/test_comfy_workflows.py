@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
 TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v", "chai_wan22_a14b_t2v",
-         "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v"]
+         "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v", "chai_toy_one_node"]
 FILE_INPUTS = {"model_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "unet_name", "ckpt_name", "image"}
 
 
@@ -41,7 +41,8 @@ def test_node_specs_match_the_live_node_definitions(comfy):
 def test_ui_workflow_converted_with_live_definitions_equals_the_twin(comfy, name):
     ui = json.loads((REPO / "workflows" / f"{TEMPLATE_FILES[name]}.json").read_text())
     api = json.loads((REPO / "tests" / "workflows" / f"{name}_api.json").read_text())
-    kinds = {n["type"] for n in ui["nodes"]}
+    graphs = [ui, *ui.get("definitions", {}).get("subgraphs", [])]  # the nodes inside subgraphs too
+    kinds = {n["type"] for g in graphs for n in g["nodes"]}
     specs = {k: live_spec(comfy, k)["widgets"] for k in kinds if k in comfy.nodes.NODE_CLASS_MAPPINGS}
     assert ui_to_api(ui, specs) == api
 
