@@ -85,6 +85,7 @@ def entry_size(tmp_path) -> int:
         return s.insert("seed=0", ents("w1"), FP, latents(0), SIGMAS).nbytes
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="SIGKILL is POSIX (Windows has no such signal)")
 def test_killed_writers_never_leave_a_broken_cache(tmp_path):
     root = tmp_path / "c"
     budget = entry_size(tmp_path) * 12 + 100

@@ -179,6 +179,7 @@ def test_concurrent_writers_never_exceed_the_budget_nor_evict_an_entry_twice(url
     monitor.close()
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="SIGKILL is POSIX (Windows has no such signal)")
 def test_a_worker_killed_mid_insert_loses_nothing_committed_and_serves_nothing_corrupted(url, tmp_path):
     name, log = fresh(), tmp_path / "kills.log"
     shape = (1, 4, 8, 32, 32)  # ~400 kB per entry: most of an insert's time is spent on its bytes
