@@ -92,6 +92,10 @@ MODEL_FILES = {
                        "url": f"{WAN22_REPACK}/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"},
     "wan22_t2v_low": {"name": "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors", "directory": "diffusion_models",
                       "url": f"{WAN22_REPACK}/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"},
+    "wan22_lightx2v_high": {"name": "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors", "directory": "loras",
+                            "url": f"{WAN22_REPACK}/loras/wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors"},
+    "wan22_lightx2v_low": {"name": "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors", "directory": "loras",
+                           "url": f"{WAN22_REPACK}/loras/wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"},
     "wan22_ti2v_5b": {"name": "wan2.2_ti2v_5B_fp16.safetensors", "directory": "diffusion_models",
                       "url": f"{WAN22_REPACK}/diffusion_models/wan2.2_ti2v_5B_fp16.safetensors"},
     "wan22_vae": {"name": "wan2.2_vae.safetensors", "directory": "vae",
@@ -276,7 +280,7 @@ def wan_text(g: UIGraph, prompt: int, y: int) -> tuple[int, int]:
 
 def apply_nodes(g: UIGraph, model: int, latent: int, prompt: int, *, cache_name: str, sampler: str, x: int,
                 model_2: int | None = None, positive: int | None = None,
-                cache_steps: str = PACK_CACHE_STEPS) -> tuple[int, int, int, int]:
+                cache_steps: str = PACK_CACHE_STEPS, steps: tuple[int, int] = (30, 8)) -> tuple[int, int, int, int]:
     """Cache, entity extract, lookup and CHAI Apply; returns (apply, cache, entities, lookup) node ids."""
     cache = g.node("CHAI_CacheOpen", (x, 40), [cache_name, 2.0, "lru", "minilm"], size=(300, 140))
     ents = g.node("CHAI_EntityExtract", (x, 220), [""], size=(300, 120))
@@ -285,7 +289,7 @@ def apply_nodes(g: UIGraph, model: int, latent: int, prompt: int, *, cache_name:
     for name, src in (("cache", cache), ("entities", ents), ("model", model), ("latent", latent)):
         g.link(src, 0, lookup, name)
     apply = g.node("CHAI_Apply", (x + 340, 40),
-                   [sampler, "simple", 30, 8, cache_steps, "replace", "cond", WAN22_BOUNDARY, "restart", 0.8],
+                   [sampler, "simple", *steps, cache_steps, "replace", "cond", WAN22_BOUNDARY, "restart", 0.8],
                    size=(340, 460))
     g.link(model, 0, apply, "model")
     g.link(latent, 0, apply, "latent")
@@ -311,35 +315,56 @@ def trace_and_write(g: UIGraph, apply: int, samples: int, cache: int, ents: int,
     g.link(write, 0, stats, "after")
 
 
-def wan22_a14b_t2v() -> UIGraph:
-    """Wan 2.2 T2V A14B: the standard two-KSamplerAdvanced graph (high-noise then low-noise expert) with CHAI Apply."""
-    g = UIGraph("chai_wan22_a14b_t2v")
-    g.note((-420, 40), "## CHAI on Wan 2.2 T2V A14B (two experts)\n\nComfyUI's two-sampler Wan 2.2 graph with CHAI "
-                       "Apply on the high-noise expert: it gives both KSamplerAdvanced their step count (30 on a "
-                       "miss, 8 on a hit) and the switch step (where sigma falls below 0.875). Cache Attention runs "
-                       "at steps 2, 3, 4 of a hit (the paper's setting; the pack's default 5,6 would fall on the "
-                       "low-noise expert, which CHAI Apply does not patch), all on the high-noise expert. The "
-                       "low-noise expert goes to the "
-                       "lookup and CHAI Apply as model_2: a cache entry serves this pair only.\n\n"
-           + files_note("wan22_t2v_high", "wan22_t2v_low", "umt5_xxl", "wan21_vae"), size=(420, 520))
+WAN22_NOTE = ("## CHAI on Wan 2.2 T2V A14B (two experts)\n\nComfyUI's two-sampler Wan 2.2 graph with CHAI "
+              "Apply on the high-noise expert: it gives both KSamplerAdvanced their step count (30 on a "
+              "miss, 8 on a hit) and the switch step (where sigma falls below 0.875). Cache Attention runs "
+              "at steps 2, 3, 4 of a hit (the paper's setting; the pack's default 5,6 would fall on the "
+              "low-noise expert, which CHAI Apply does not patch), all on the high-noise expert. The "
+              "low-noise expert goes to the "
+              "lookup and CHAI Apply as model_2: a cache entry serves this pair only.\n\n")
+WAN22_4STEP_NOTE = ("## CHAI on Wan 2.2 A14B with the 4-step LoRAs\n\nComfyUI's own Wan 2.2 template with the "
+                    "lightx2v 4-step LoRAs on both experts: 4 steps at cfg 1 (4 model passes), shift 5, the "
+                    "switch at step 2. CHAI Apply runs with full_steps 4 and no cache steps: on a 4-step "
+                    "distilled model the pack's quality lab found no reuse that keeps quality (a restart from a "
+                    "same-scene donor was far worse than the model's own 4 steps), so a hit here is a miss whose "
+                    "report says why, and a hit saves no model pass. The cache still fills, so the same scenes "
+                    "hit when you sample them with the full 30-step graph. On the lab's distilled model, "
+                    "dpmpp_2m instead of euler gave better clips at 3 or 4 steps without any donor "
+                    "(docs/quality-lab.md); try it in both samplers.\n\n")
+
+
+def wan22_a14b_t2v(distilled: bool = False) -> UIGraph:
+    """Wan 2.2 T2V A14B: the standard two-KSamplerAdvanced graph (high-noise then low-noise expert) with CHAI Apply;
+    `distilled`: with the 4-step lightx2v LoRAs at cfg 1, as ComfyUI's own template."""
+    g = UIGraph("chai_wan22_a14b_4step" if distilled else "chai_wan22_a14b_t2v")
+    loras = ("wan22_lightx2v_high", "wan22_lightx2v_low") if distilled else ()
+    g.note((-840 if distilled else -420, 40), (WAN22_4STEP_NOTE if distilled else WAN22_NOTE)
+           + files_note("wan22_t2v_high", "wan22_t2v_low", *loras, "umt5_xxl", "wan21_vae"),
+           size=(420, 560 if distilled else 520))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
     unets = []
     for i, key in enumerate(("wan22_t2v_high", "wan22_t2v_low")):
         unet = g.node("UNETLoader", (0, 240 + 280 * i), [MODEL_FILES[key]["name"], "default"], models=(key,),
                       title=("High-noise expert", "Low-noise expert")[i])
-        shift = g.node("ModelSamplingSD3", (0, 400 + 280 * i), [8.0], size=(300, 80))
-        g.link(unet, 0, shift, "model")
+        source = unet
+        if distilled:
+            source = g.node("LoraLoaderModelOnly", (-360, 240 + 280 * i), [MODEL_FILES[loras[i]]["name"], 1.0],
+                            size=(340, 110), models=(loras[i],), title=("4-step LoRA, high", "4-step LoRA, low")[i])
+            g.link(unet, 0, source, "model")
+        shift = g.node("ModelSamplingSD3", (0, 400 + 280 * i), [5.0 if distilled else 8.0], size=(300, 80))
+        g.link(source, 0, shift, "model")
         unets.append(shift)
     high, low = unets
     positive, negative = wan_text(g, prompt, 800)
     latent = g.node("EmptyHunyuanLatentVideo", (0, 1320), [832, 480, 81, 1], size=(320, 160))
-    apply, cache, ents, _ = apply_nodes(g, high, latent, prompt, cache_name="wan22_a14b", sampler="euler", x=440,
-                                        cache_steps="2,3,4",
-                                        model_2=low)
+    apply, cache, ents, _ = apply_nodes(g, high, latent, prompt, cache_name="wan22_a14b" + ("_4step" * distilled),
+                                        sampler="euler", x=440, cache_steps="" if distilled else "2,3,4",
+                                        model_2=low, steps=(4, 3) if distilled else (30, 8))
     samplers = []
+    steps, cfg = (4, 1.0) if distilled else (30, 3.5)
     for i, (model, noise, leftover) in enumerate(((apply, "enable", "enable"), (low, "disable", "disable"))):
         ks = g.node("KSamplerAdvanced", (1120, 40 + 560 * i),
-                    [noise, 42, "randomize", 30, 3.5, "euler", "simple", 0, 10000, leftover], size=(340, 520),
+                    [noise, 42, "randomize", steps, cfg, "euler", "simple", 0, 10000, leftover], size=(340, 520),
                     title=("High-noise steps", "Low-noise steps")[i])
         g.link(model, 0, ks, "model")
         g.link(positive, 0, ks, "positive")
@@ -353,7 +378,7 @@ def wan22_a14b_t2v() -> UIGraph:
     decode = g.node("VAEDecode", (1500, 760), [], size=(220, 60))
     g.link(samplers[1], 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
-    save_video(g, decode, 880, 16.0, "CHAI_wan22_a14b", fps_from_decode=False)
+    save_video(g, decode, 880, 16.0, "CHAI_wan22_a14b" + ("_4step" * distilled), fps_from_decode=False)
     return g
 
 
@@ -598,7 +623,7 @@ WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
              "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v,
              "chai_wan22_a14b_t2v": wan22_a14b_t2v, "chai_wan22_5b_i2v": wan22_5b_i2v,
              "chai_hunyuan_video_t2v": hunyuan_video_t2v, "chai_ltxv_t2v": ltxv_t2v,
-             "chai_toy_one_node": toy_one_node}
+             "chai_toy_one_node": toy_one_node, "chai_wan22_a14b_4step": lambda: wan22_a14b_t2v(distilled=True)}
 # The UI files' names. ComfyUI's template browser (frontend 1.27.10) titles a custom node pack's template with its
 # file name in two lines of a 16rem card and describes it with the same name ('-' and '_' shown as spaces; the
 # frontend has no other description for a pack's template), so the names are short titles (at most
@@ -614,6 +639,7 @@ TEMPLATE_FILES = {
     "chai_hunyuan_video_t2v": "CHAI HunyuanVideo, text to video",
     "chai_ltxv_t2v": "CHAI LTX Video 2B, text to video",
     "chai_toy_one_node": "CHAI toy world, one CHAI node",
+    "chai_wan22_a14b_4step": "CHAI Wan 2.2 A14B, 4 step LoRAs",
 }
 
 

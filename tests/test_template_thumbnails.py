@@ -26,7 +26,7 @@ def rendered():
 
 def test_every_workflow_has_a_jpeg_thumbnail_next_to_it():
     names = sorted(p.stem for p in WORKFLOWS.glob("*.json"))
-    assert len(names) == 9
+    assert len(names) == 10
     for name in names:
         with Image.open(WORKFLOWS / f"{name}.jpg") as im:
             assert im.format == "JPEG" and im.size == (512, 384), name

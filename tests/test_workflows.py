@@ -18,7 +18,8 @@ SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_te
 TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 SPECS = {kind: spec["widgets"] for kind, spec in SPEC_DOC.items()}
 NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v", "chai_wan22_a14b_t2v",
-         "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v", "chai_toy_one_node"]
+         "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v", "chai_toy_one_node",
+         "chai_wan22_a14b_4step"]
 CHAI_IDS = {"CHAI_CacheOpen", "CHAI_EntityExtract", "CHAI_CacheLookup", "CHAI_Sampler", "CHAI_CacheWrite",
             "CHAI_CacheStats", "CHAI_PromptList", "CHAI_OpenSoraModelLoader", "CHAI_OpenSoraTextEncode",
             "CHAI_OpenSoraEmptyLatent", "CHAI_OpenSoraScheduler", "CHAI_OpenSoraModelSampling",
@@ -262,6 +263,24 @@ def test_wan22_a14b_workflow_is_the_two_sampler_graph_with_chai_apply_on_the_hig
     assert only(api, "CHAI_CacheWrite")[1]["inputs"]["trace"] == [trace_id, 0]
 
 
+def test_wan22_4step_workflow_is_comfys_lora_template_with_chai_apply_taking_no_fast_path():
+    _, api = load("chai_wan22_a14b_4step")
+    apply_id, apply = only(api, "CHAI_Apply")
+    # the distilled path: 4 full steps, no cache steps, so a hit is a miss that says why (issue 27's lab)
+    assert (apply["inputs"]["full_steps"], apply["inputs"]["fast_steps"], apply["inputs"]["cache_steps"]) == (4, 3, "")
+    loras = by_type(api, "LoraLoaderModelOnly")
+    assert sorted(n["inputs"]["lora_name"] for _, n in loras) == [
+        "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
+        "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors"]
+    assert all(n["inputs"]["strength_model"] == 1.0 for _, n in loras)
+    lora_ids = {i for i, _ in loras}
+    shifts = by_type(api, "ModelSamplingSD3")
+    assert {n["inputs"]["model"][0] for _, n in shifts} == lora_ids and {n["inputs"]["shift"] for _, n in shifts} == {5.0}
+    for _, ks in by_type(api, "KSamplerAdvanced"):
+        assert ks["inputs"]["cfg"] == 1.0 and ks["inputs"]["steps"] == [apply_id, 2]
+    assert apply["inputs"]["model_2"] != apply["inputs"]["model"]
+
+
 def test_wan22_5b_image_workflow_feeds_sampler_custom_advanced_and_ties_donors_to_the_image():
     _, api = load("chai_wan22_5b_i2v")
     apply_id, apply = only(api, "CHAI_Apply")
@@ -332,12 +351,12 @@ def test_workflow_files_are_what_the_generator_writes():
 
 LOADERS = {"CHAI_OpenSoraModelLoader": "diffusion_models", "UNETLoader": "diffusion_models",
            "CLIPLoader": "text_encoders", "DualCLIPLoader": "text_encoders", "CHAI_OpenSoraVAELoader": "vae",
-           "VAELoader": "vae", "CheckpointLoaderSimple": "checkpoints"}
+           "VAELoader": "vae", "CheckpointLoaderSimple": "checkpoints", "LoraLoaderModelOnly": "loras"}
 
 
 @pytest.mark.parametrize("name", ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup",
                                   "chai_wan22_a14b_t2v", "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v",
-                                  "chai_ltxv_t2v"])
+                                  "chai_ltxv_t2v", "chai_wan22_a14b_4step"])
 def test_every_model_loader_carries_its_file_folder_and_download_link_and_the_note_says_where_it_goes(name):
     ui, _ = load(name)
     note = next(n for n in ui["nodes"] if n["type"] == "MarkdownNote")["widgets_values"][0]

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 SPEC_DOC = json.loads((REPO / "tests" / "workflows" / "node_specs.json").read_text())["nodes"]
 TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json").read_text())
 NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v", "chai_wan22_a14b_t2v",
-         "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v", "chai_toy_one_node"]
+         "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v", "chai_toy_one_node",
+         "chai_wan22_a14b_4step"]
 FILE_INPUTS = {"model_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "unet_name", "ckpt_name", "image"}
 
 
