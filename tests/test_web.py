@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -30,3 +31,22 @@ def test_the_extension_parses_as_an_es_module(tmp_path):
     copy.write_text(SCRIPT.read_text())
     done = subprocess.run(["node", "--check", str(copy)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node.js to run the function")
+def test_reports_find_nodes_on_the_root_graph_and_inside_subgraphs(tmp_path):
+    import re
+
+    source = (REPO / "web" / "chai_reports.js").read_text(encoding="utf-8")
+    fn = re.search(r"^function graphNode\(id\) \{.*?^\}", source, re.S | re.M).group(0)
+    script = tmp_path / "probe.mjs"
+    script.write_text(
+        "class G { constructor(nodes) { this.nodes = nodes; } getNodeById(i) { return this.nodes[i] ?? null; } }\n"
+        "const inner = new G({101: {name: 'inner lookup'}});\n"
+        "const app = { graph: new G({12: {name: 'root sampler'}, 6: {name: 'CHAI', subgraph: inner}}) };\n"
+        + fn + "\n"
+        "console.log(JSON.stringify(['12', '6:101', '6:999', '7:101'].map((i) => graphNode(i)?.name ?? null)));\n",
+        encoding="utf-8")
+    done = subprocess.run(["node", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["root sampler", "inner lookup", None, None]

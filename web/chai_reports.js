@@ -27,8 +27,13 @@ const UNFINISHED_NOTE = "(an earlier run's report, not the last run's: the last 
 const run = { promptId: null, cached: new Set(), reported: new Set() };
 
 function graphNode(id) {
-  // Node ids arrive as strings; the graph keys its nodes by number.
-  return app.graph?.getNodeById(Number(id)) ?? app.graph?.getNodeById(id) ?? null;
+  // Node ids arrive as strings and the graph keys its nodes by number; a node inside a subgraph arrives as its
+  // execution path ("6:101": node 101 of the subgraph that instance node 6 holds).
+  const path = String(id).split(":");
+  let graph = app.graph;
+  for (const step of path.slice(0, -1)) graph = graph?.getNodeById(Number(step))?.subgraph;
+  const last = path[path.length - 1];
+  return graph?.getNodeById(Number(last)) ?? graph?.getNodeById(last) ?? null;
 }
 
 function isChai(node) {
