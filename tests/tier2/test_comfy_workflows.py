@@ -19,7 +19,8 @@ TEMPLATE_FILES = json.loads((REPO / "tests" / "workflows" / "template_files.json
 NAMES = ["chai_opensora_t2v", "chai_wan21_t2v", "chai_opensora_warmup", "chai_toy_t2v", "chai_wan22_a14b_t2v",
          "chai_wan22_5b_i2v", "chai_hunyuan_video_t2v", "chai_ltxv_t2v", "chai_toy_one_node",
          "chai_wan22_a14b_4step"]
-FILE_INPUTS = {"model_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "unet_name", "ckpt_name", "image"}
+FILE_INPUTS = {"model_name", "clip_name", "clip_name1", "clip_name2", "vae_name", "unet_name", "ckpt_name", "image",
+               "lora_name"}
 
 
 def live_spec(comfy, kind: str) -> dict:
