@@ -89,3 +89,31 @@ def test_typo_repair_leaves_real_and_unknown_words_alone(extractor):
         assert words.correct(word) is None
     assert words.correct_text("Kyoto at night, a rivr") == "Kyoto at night, a river"
     assert WordClasses().correct_text("a rivr") == "a rivr"  # a pipeline without tables: nothing changes
+
+
+@pytest.mark.parametrize("prompt, code", [
+    ("Ein Hund läuft am Strand", "de"),  # one German function word and a letter English never uses
+    ("Кошка спит на подоконнике", "ru"),
+    ("一只猫在沙发上睡觉", "zh"),
+    ("海辺を走る犬、夕焼け", "ja"),
+    ("바닷가를 달리는 강아지", "ko"),
+])
+def test_other_languages_and_scripts_are_named(prompt, code):
+    from comfyui_chai.cache_store.entities.language import english_only_note, foreign_language, language_name
+
+    assert foreign_language(prompt) == code
+    assert language_name(code) in english_only_note(code)
+
+
+@pytest.mark.parametrize("prompt", ["A café in Paris at dawn", "a piñata at a birthday party",
+                                    "a cat in 東京 at night", "La Paz at night, a city of lights"])
+def test_english_with_a_foreign_word_or_letter_stays_english(prompt):
+    from comfyui_chai.cache_store.entities.language import foreign_language
+
+    assert foreign_language(prompt) is None
+
+
+def test_a_prompt_in_another_script_has_no_entities_and_the_reason_is_known(extractor):
+    from comfyui_chai.cache_store.entities.language import foreign_language
+
+    assert extractor.extract("Кошка спит на подоконнике") == [] and foreign_language("Кошка спит") == "ru"
