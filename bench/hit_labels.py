@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 DATA = Path(__file__).resolve().parent / "data" / "hit_pairs"
+STYLE_DATA = Path(__file__).resolve().parent / "data" / "style_pairs"  # issue 25: prompts in users' styles
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ def load_pairs(data: Path = DATA) -> list[Pair]:
         label = majority(votes)
         if label is None:
             continue
-        out.append(Pair(pid, row["request"], row["donor"], prov[pid]["source"], prov[pid]["split"], label, votes))
+        # The issue-25 set names each pair's style; it has no calibration split (styles are held out instead).
+        source = prov[pid].get("style") or prov[pid]["source"]
+        out.append(Pair(pid, row["request"], row["donor"], source, prov[pid].get("split", "heldout"), label, votes))
     return out
 
 
