@@ -31,6 +31,10 @@ which either side is a phrase the default list removes.
     python -m bench.bench_hit_rate --quick          # 300 prompts, 3 thresholds x 3 budgets, < 1 minute
     python -m bench.bench_hit_rate                  # all prompts, 8 thresholds x 5 budgets (a few minutes)
     python -m bench.bench_hit_rate --out docs/hit_rate.png --thresholds 0.6,0.7,0.8 --budgets 0.05,0.1
+    python -m bench.bench_hit_rate --style-set --no-plot   # the issue-25 prompts in users' styles instead
+
+`--style-set` replays the 840 prompts of bench/data/style_pairs (seven styles, shuffled together) instead of
+VBench; its hits are looked up in both label sets.
 """
 from __future__ import annotations
 
@@ -240,14 +244,27 @@ def plot(path: Path, by_thr: dict, by_budget: dict, thresholds: list[float], bud
     plt.close(fig)
 
 
-def print_usefulness(entity: Run, prompt: Run, threshold: float, export: Path | None) -> None:
+def style_set_prompts(seed: int) -> list[str]:
+    """The issue-25 prompts (every style), deduplicated and shuffled together."""
+    import random as _random
+
+    from bench.hit_labels import STYLE_DATA
+
+    prompts = list(dict.fromkeys(p for path in sorted(STYLE_DATA.glob("prompts_*.txt")) for p in load_prompts(path)))
+    _random.Random(seed).shuffle(prompts)
+    return prompts
+
+
+def print_usefulness(entity: Run, prompt: Run, threshold: float, export: Path | None,
+                     label_sets: bool = True) -> None:
     """Useful-hit rate of the replay (hits whose pair is labelled 2) and precision/recall on the labelled pairs."""
     import json
 
     from bench.hit_labels import label_index, load_pairs, score_through_store
 
     labels = label_index()
-    print(f"\nwhat the hits are worth (threshold {threshold:.2f}, budget 10%; labels: bench/data/hit_pairs)")
+    print(f"\nwhat the hits are worth (threshold {threshold:.2f}, budget 10%; labels: bench/data/hit_pairs and "
+          "style_pairs)")
     rows = []
     unlabelled: dict[tuple[str, str], None] = {}
     for name, run in (("entity (this pack)", entity), ("whole prompt", prompt)):
@@ -256,11 +273,13 @@ def print_usefulness(entity: Run, prompt: Run, threshold: float, export: Path | 
         unlabelled.update({p: None for p in pairs if p not in labels})
         useful = sum(v == 2 for v in known)
         share = useful / len(known) if known else float("nan")
-        rows.append([name, f"{run.hit_rate:.1%}", f"{len(known)}/{len(pairs)}", f"{share:.1%}",
+        anything = sum(v >= 1 for v in known) / len(known) if known else float("nan")
+        rows.append([name, f"{run.hit_rate:.1%}", f"{len(known)}/{len(pairs)}", f"{share:.1%}", f"{anything:.1%}",
                      f"{run.hit_rate * share:.1%}"])
-    print(table(["matcher", "hit rate", "hits labelled", "useful among labelled", "useful-hit rate"], rows))
-    pairs = load_pairs()
-    for split in ("calib", "heldout"):
+    print(table(["matcher", "hit rate", "hits labelled", "useful among labelled (2)", "anything visible (>= 1)",
+                 "useful-hit rate"], rows))
+    pairs = load_pairs() if label_sets else []
+    for split in ("calib", "heldout") if pairs else ():
         s = score_through_store([p for p in pairs if p.split == split], threshold)
         print(f"  labelled pairs, {split} split ({s.pairs}; one donor per cache, through ChaiCache): accepted "
               f"{s.accepted}, precision main {s.precision_main:.3f}, any {s.precision_any:.3f}, "
@@ -286,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=15, help="sample entity hits to list")
     ap.add_argument("--quick", action="store_true", help="300 prompts, 3 thresholds, 3 budgets")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--style-set", action="store_true", help="replay the issue-25 prompts (bench/data/style_pairs)")
     ap.add_argument("--export-unlabelled", type=Path, default=None,
                     help="write the default run's (request, donor) hits without a label to this JSONL file")
     args = ap.parse_args(argv)
@@ -301,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()
-    prompts = load_prompts(args.prompts, seed=args.seed)
+    prompts = style_set_prompts(args.seed) if args.style_set else load_prompts(args.prompts, seed=args.seed)
     n = args.n or (300 if args.quick else len(prompts))
     prompts = prompts[:n]
     embedder = get_embedder("minilm").load()
@@ -361,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     served = n - n_warm
     mism = sum(r.size_mismatch for r in list(by_thr.values()) + list(by_budget.values()))
     print()
-    print(f"hit-rate replay: {n} VBench prompts shuffled (seed {args.seed}), {n_warm} warm, {served} served; "
+    print(f"hit-rate replay: {n} {'issue-25 style-set' if args.style_set else 'VBench'} prompts shuffled (seed {args.seed}), {n_warm} warm, {served} served; "
           f"entries padded to {ENTRY_BYTES} B{' (size mismatches: ' + str(mism) + ')' if mism else ''}; "
           f"embedder {embedder.identity}; default threshold {default_thr:.2f}; "
           f"{sum(1 for es in ents_default if not es)} prompts without entities\n")
@@ -430,7 +450,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [[m[1], m[2], f"{m[3]:.3f}", shorten(m[0], 48), shorten(m[4], 48)] for m in take]
     print(table(["query entity", "matched entity", "sim", "query prompt", "donor prompt"], rows, "llrll"))
 
-    print_usefulness(e10, p10, default_thr, args.export_unlabelled)
+    print_usefulness(e10, p10, default_thr, args.export_unlabelled, label_sets=not args.style_set)
 
     if not args.no_plot:
         plot(args.out, by_thr, by_budget, thresholds, budgets, default_thr, n)

@@ -152,8 +152,10 @@ def rule_accepts(pairs: Iterable[Pair]) -> Callable[[float], Callable[[Pair], bo
 
 
 def label_index(data: Path = DATA) -> dict[tuple[str, str], int]:
-    """(request, donor) -> decided label, for every labelled pair (the label set and the replay's own pairs)."""
+    """(request, donor) -> decided label, for every labelled pair (the label sets and the replay's own pairs)."""
     out = {(p.request, p.donor): p.label for p in load_pairs(data)}
+    if data == DATA and (STYLE_DATA / "pairs.jsonl").is_file():
+        out.update({(p.request, p.donor): p.label for p in load_pairs(STYLE_DATA)})
     replay = data / "replay_pairs.jsonl"
     if replay.is_file():
         votes: dict[str, list[int]] = {}

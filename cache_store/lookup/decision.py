@@ -18,6 +18,10 @@ what the two prompts share, from the entities and vectors the store already keep
                  donor_main_missing the same for the donor's main subject; primary_missing and
                  donor_primary_missing the same for the first main subject a prompt names (long prompts name
                  several)
+  primary_best   best similarity of the request's first main subject to any donor entity, whatever its role
+                 (the donor may show it as a secondary element); donor_primary_best the same the other way
+  missing_x_length  main_missing times n_request: a scene-only match means less the longer the request (in
+                 long prose every clause names a place; in a short prompt the place may be the point)
   n_request      the request's entity count (log), n_donor the donor's
 
 The weights, the features used and the acceptance threshold were fitted to labelled pairs and chosen by
@@ -41,7 +45,8 @@ DECISION_FILE = Path(__file__).resolve().parent / "data" / "decision.json"
 CONTEXT_WEIGHT = 0.5
 FEATURES = ("main_sim", "scene_sim", "cross_sim", "secondary_sim", "context_sim", "bag_sim", "scene_conflict",
             "same_head", "compound_differs", "generic_person", "n_request", "n_donor", "main_missing",
-            "donor_main_missing", "primary_missing", "donor_primary_missing")
+            "donor_main_missing", "primary_missing", "donor_primary_missing",
+            "primary_best", "donor_primary_best", "missing_x_length")
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,14 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
     sims = request.vectors @ donor.vectors.T
     best: dict[str, tuple[float, int, int]] = {}
     found = np.zeros((n, m), dtype=bool)  # pairs naming the same kind of thing at >= the threshold
+    same = np.full((n, m), -1.0)  # similarities of the pairs naming the same kind of thing
     for i, q in enumerate(request.entities):
         for j, d in enumerate(donor.entities):
             s = float(sims[i, j])
             if not rule.same_thing(q, d, s):
                 continue
             found[i, j] = s >= rule.threshold
+            same[i, j] = s
             a, b = request.roles[i], donor.roles[j]
             key = ("main_sim" if a == b == MAIN else "scene_sim" if a == b == SCENE
                    else "secondary_sim" if SECONDARY in (a, b) else "cross_sim")
@@ -107,6 +114,9 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
     out["donor_main_missing"] = float(bool(theirs) and not found[:, theirs].any())
     out["primary_missing"] = float(bool(mains) and not found[mains[0]].any())
     out["donor_primary_missing"] = float(bool(theirs) and not found[:, theirs[0]].any())
+    out["primary_best"] = max(0.0, float(same[mains[0]].max())) if mains else 0.0
+    out["donor_primary_best"] = max(0.0, float(same[:, theirs[0]].max())) if theirs else 0.0
+    out["missing_x_length"] = out["main_missing"] * out["n_request"]
     out["bag_sim"] = float(_unit(request.vectors.mean(axis=0)) @ _unit(donor.vectors.mean(axis=0)))
     return out
 
