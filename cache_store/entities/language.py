@@ -28,6 +28,7 @@ _SCRIPTS = (("ja", ((0x3040, 0x30FF),)), ("ko", ((0xAC00, 0xD7AF), (0x1100, 0x11
             ("zh", ((0x4E00, 0x9FFF), (0x3400, 0x4DBF))), ("ru", ((0x0400, 0x04FF),)), ("el", ((0x0370, 0x03FF),)),
             ("ar", ((0x0600, 0x06FF),)), ("he", ((0x0590, 0x05FF),)), ("hi", ((0x0900, 0x097F),)),
             ("th", ((0x0E00, 0x0E7F),)))
+_LATIN_CONTENT_WORD = re.compile(r"(?<![^\W\d_])[A-Za-z]{3,}(?![^\W\d_])")
 OTHER_SCRIPT_SHARE = 0.3  # share of a prompt's letters in another script that makes it not English
 
 
@@ -61,13 +62,13 @@ def other_script(text: str) -> str | None:
 def foreign_language(text: str) -> str | None:
     """The code of the language `text` is written in when it is not English, or None.
 
-    Another script decides alone; in Latin script, a language needs at least two of its own function words (or
+    Another script decides when no Latin word of three letters or more stands beside it; in Latin script, a language needs at least two of its own function words (or
     one and a word with a letter only it uses) and no fewer than English has. Capitalised words after the first
     are names ("Van Gogh", "La Paz") and are not counted.
     """
     script = other_script(text)
-    if script is not None:
-        return script
+    if script is not None and not _LATIN_CONTENT_WORD.search(text):
+        return script  # with an English word beside it ("Собака бежит, a dog") the English part is parsed
     found = _WORD.findall(text)
     words = [w.lower() for i, w in enumerate(found) if i == 0 or not w[:1].isupper()]
     english, others = _stop_words()

@@ -13,6 +13,7 @@ from .rule import HitRule, matched_role
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
+DECIDED_SPARES = 2       # proposed entries the decision accepts before it stops asking
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rul
     request = side_of(entities.entities, [e.role for e in entities.entities], entities.vectors)
     kept, best = [], (-1.0, "")
     for entry_id in candidates:
+        if len(kept) >= DECIDED_SPARES:
+            break  # a hit loads the first; the others only stand in for a damaged one
         values = features(request, donor_side(manifest, entry_id, entities.vectors.shape[1]), rule)
         p = model.probability(values)
         if p >= model.threshold:
