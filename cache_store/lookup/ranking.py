@@ -96,7 +96,8 @@ def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rul
     if model is None or not candidates or not model.applies_to(entities.embedder):
         return candidates, ""
     request = side_of(entities.entities, [e.role for e in entities.entities], entities.vectors)
-    kept, best = [], (-1.0, "")
+    kept: list[int] = []
+    best = (-1.0, "")
     for entry_id in candidates:
         if len(kept) >= DECIDED_SPARES:
             break  # a hit loads the first; the others only stand in for a damaged one
