@@ -5,10 +5,11 @@ and the issue-25 set (bench/data/style_pairs; styles from its provenance). The h
 similarity; the logistic model decides among them. The feature set and the probability threshold are chosen
 by leave-one-style-out cross-validation: for each style, fit on all the other
 styles, choose the threshold on them (the best worst-style min(main/0.80, any/0.95, recall/0.70), then recall),
-and score the style left out. The feature set with the most held-out styles meeting the targets (then the best mean of that minimum) wins among those at the
-shipped floor (the calibrated MiniLM threshold the nodes document; every floor is printed); the shipped model
-is fitted on every style with it, its threshold chosen the same way on all pairs. Each style weighs the same in
-the fit and the threshold must serve the worst training style, so VBench's many easy pairs do not set it.
+and score the style left out. The feature set with the most held-out styles meeting the targets (then the best
+mean of that minimum) wins among those at the shipped floor (the calibrated MiniLM threshold the nodes
+document; every floor is printed); the shipped model is fitted on every style with it, its threshold chosen the
+same way on all pairs. Each style weighs the same in the fit and the threshold must serve the worst training
+style, so VBench's many easy pairs do not set it.
 
     python -m bench.fit_decision                 # LOSO table, then writes cache_store/lookup/data/decision.json
     python -m bench.fit_decision --no-write      # the table only

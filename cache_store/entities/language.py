@@ -62,9 +62,9 @@ def other_script(text: str) -> str | None:
 def foreign_language(text: str) -> str | None:
     """The code of the language `text` is written in when it is not English, or None.
 
-    Another script decides when no Latin word of three letters or more stands beside it; in Latin script, a language needs at least two of its own function words (or
-    one and a word with a letter only it uses) and no fewer than English has. Capitalised words after the first
-    are names ("Van Gogh", "La Paz") and are not counted.
+    Another script decides when no Latin word of three letters or more stands beside it; in Latin script, a
+    language needs at least two of its own function words (or one and a word with a letter only it uses) and no
+    fewer than English has. Capitalised words after the first are names ("Van Gogh", "La Paz") and are not counted.
     """
     script = other_script(text)
     if script is not None and not _LATIN_CONTENT_WORD.search(text):
