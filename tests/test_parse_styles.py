@@ -97,6 +97,9 @@ def test_typo_repair_leaves_real_and_unknown_words_alone(extractor):
     ("一只猫在沙发上睡觉", "zh"),
     ("海辺を走る犬、夕焼け", "ja"),
     ("바닷가를 달리는 강아지", "ko"),
+    ("Bocian stoi w gnieździe na dachu starej stodoły", "pl"),
+    ("Semaver ve ince belli çay bardakları, buhar yükseliyor", "tr"),
+    ("Kırmızı saçlı kurye kız yağmurlu şehirde bisiklet sürüyor", "xx"),  # no listed function word: its letters
 ])
 def test_other_languages_and_scripts_are_named(prompt, code):
     from comfyui_chai.cache_store.entities.language import english_only_note, foreign_language, language_name
@@ -105,7 +108,8 @@ def test_other_languages_and_scripts_are_named(prompt, code):
     assert language_name(code) in english_only_note(code)
 
 
-@pytest.mark.parametrize("prompt", ["A café in Paris at dawn", "a piñata at a birthday party",
+@pytest.mark.parametrize("prompt", ["A café in Paris at dawn", "a piñata at a birthday party", "f1 car pit stop",
+                                    "pan left, then pan right. Clouds.",
                                     "a cat in 東京 at night", "La Paz at night, a city of lights"])
 def test_english_with_a_foreign_word_or_letter_stays_english(prompt):
     from comfyui_chai.cache_store.entities.language import foreign_language

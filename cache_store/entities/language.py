@@ -16,13 +16,22 @@ import re
 from functools import lru_cache
 
 # Languages whose function words are told apart from English ones (their stop lists ship with spaCy).
-OTHER_LANGUAGES = ("de", "es", "fr", "it", "nl", "pt")
+OTHER_LANGUAGES = ("de", "es", "fr", "it", "nl", "pt", "pl", "tr")
 LANGUAGE_NAMES = {"de": "German", "es": "Spanish", "fr": "French", "it": "Italian", "nl": "Dutch", "pt": "Portuguese",
+                  "pl": "Polish", "tr": "Turkish", "xx": "not English (its letters)",
                   "zh": "Chinese", "ja": "Japanese", "ko": "Korean", "ru": "Russian (Cyrillic script)",
                   "el": "Greek", "ar": "Arabic", "he": "Hebrew", "hi": "Hindi (Devanagari script)", "th": "Thai"}
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
 # Letters an English prompt does not use, by the languages that do (a hint, counted with the function words).
-_LETTERS = {"de": "äöüß", "es": "ñ¿¡áéíóú", "fr": "çèêëàâîïôûœ", "it": "àèéìòù", "nl": "ĳëï", "pt": "ãõçáâêôé"}
+_LETTERS = {"de": "äöüß", "es": "ñ¿¡áéíóú", "fr": "çèêëàâîïôûœ", "it": "àèéìòù", "nl": "ĳëï", "pt": "ãõçáâêôé",
+            "pl": "ąćęłńóśźż", "tr": "çğıöşüİ"}
+# Common English words that are function words elsewhere ("car" and "stop" in French, "pan" in Polish): never
+# counted for another language.
+ENGLISH_LOOKALIKES = frozenset({"car", "stop", "pan", "pit", "son", "fin", "dove", "sale", "come", "die", "mine",
+                                "male", "van", "den", "via", "tan", "ten", "bro"})
+# A prompt whose words carry letters outside English this often is in another language even when its function
+# words are in no list here ("xx").
+MARKED_WORD_SHARE = 0.25
 # Unicode ranges of other scripts; kana decides Japanese over Chinese.
 _SCRIPTS = (("ja", ((0x3040, 0x30FF),)), ("ko", ((0xAC00, 0xD7AF), (0x1100, 0x11FF))),
             ("zh", ((0x4E00, 0x9FFF), (0x3400, 0x4DBF))), ("ru", ((0x0400, 0x04FF),)), ("el", ((0x0370, 0x03FF),)),
@@ -40,10 +49,12 @@ def _stop_words() -> tuple[frozenset[str], dict[str, frozenset[str]]]:
     from spacy.lang.fr.stop_words import STOP_WORDS as FR
     from spacy.lang.it.stop_words import STOP_WORDS as IT
     from spacy.lang.nl.stop_words import STOP_WORDS as NL
+    from spacy.lang.pl.stop_words import STOP_WORDS as PL
     from spacy.lang.pt.stop_words import STOP_WORDS as PT
+    from spacy.lang.tr.stop_words import STOP_WORDS as TR
 
-    english = frozenset(EN)
-    lists = dict(zip(OTHER_LANGUAGES, (DE, ES, FR, IT, NL, PT)))
+    english = frozenset(EN) | ENGLISH_LOOKALIKES
+    lists = dict(zip(OTHER_LANGUAGES, (DE, ES, FR, IT, NL, PT, PL, TR)))
     return english, {code: frozenset(w for w in words if w not in english) for code, words in lists.items()}
 
 
@@ -75,11 +86,16 @@ def foreign_language(text: str) -> str | None:
     n_english = sum(w in english for w in words)
     best, score = None, 0
     for code, stops in others.items():
-        n = sum(w in stops for w in words)
+        n = len({w for w in words if w in stops})
         marked = sum(any(ch in _LETTERS[code] for ch in w) for w in words)
         if n >= 2 or (n >= 1 and marked >= 1):
             if n + marked > score and n + marked >= n_english:
                 best, score = code, n + marked
+    latin = [w for w in words if all("a" <= ch <= "z" or "\u00df" <= ch <= "\u024f" for ch in w)]
+    if best is None and latin:
+        marked = sum(any(not ("a" <= ch <= "z") for ch in w) for w in latin)
+        if marked >= 2 and marked >= MARKED_WORD_SHARE * len(latin):
+            return "xx"
     return best
 
 
