@@ -7,10 +7,13 @@ request entity matches a donor entity as the rule requires. Rules:
   roles + identity         the same, with vectors of what each thing is (Entity.core)
   pack: ... + scenes agree the pack's rule: the same, and when both prompts name a scene, some pair of their
                            scenes matches (the lookup compares the request's scenes with the index's neighbours)
+  pack + learned decision  the pack's rule proposes, its learned decision (lookup/decision.py) accepts: what the
+                           lookup does (the decision was fitted at the calibrated threshold, 0.65)
   prompt                   the whole-prompt MiniLM similarity >= threshold (the NIRVANA-style baseline)
 
     python -m bench.bench_hit_precision                      # default thresholds, both splits
     python -m bench.bench_hit_precision --thresholds 0.6,0.7,0.8 --split calib
+    python -m bench.bench_hit_precision --labels style --thresholds 0.65 --by-style   # the issue-25 set, per style
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import time
 
 
 from bench._common import table
-from bench.hit_labels import Pair, agreement, embed_all, load_pairs, score
+from bench.hit_labels import DATA, STYLE_DATA, Pair, agreement, embed_all, load_pairs, score
 
 THRESHOLDS = (0.6, 0.65, 0.7, 0.75, 0.8)
 
@@ -40,7 +43,22 @@ def rules(ents, vec, whole, threshold: float):
     def core_sim(q, d):
         return float(vec[q.identity] @ vec[d.identity])
 
+    from comfyui_chai.cache_store.lookup.decision import default_decision, features, side_of
+
+    model = default_decision()
+
+    def side(prompt: str):
+        es = ents[prompt]
+        return side_of(es, [e.role for e in es], [vec[e.identity] for e in es])
+
+    def decided(p: Pair) -> bool:
+        pack = entity_rule(HitRule(threshold), core_sim)
+        if not pack(p) or model is None:
+            return pack(p)
+        return model.probability(features(side(p.request), side(p.donor), HitRule(threshold))) >= model.threshold
+
     return {
+        "pack + learned decision": decided,
         "any entity (no roles)": lambda p: any(float(vec[q.text] @ vec[d.text]) >= threshold
                                     for q in ents[p.request] for d in ents[p.donor]),
         "roles, phrase vectors": entity_rule(HitRule(threshold, scenes_must_agree=False), text_sim),
@@ -55,23 +73,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
     ap.add_argument("--split", choices=("calib", "heldout", "both"), default="both")
+    ap.add_argument("--labels", choices=("issue11", "style"), default="issue11",
+                    help="bench/data/hit_pairs (issue 11) or bench/data/style_pairs (issue 25)")
+    ap.add_argument("--by-style", action="store_true", help="one row per style (source) instead of per split")
     args = ap.parse_args(argv)
-    pairs = load_pairs()
-    n, exact, main = agreement()
+    data = STYLE_DATA if args.labels == "style" else DATA
+    pairs = load_pairs(data)
+    n, exact, main = agreement(data)
     print(f"{len(pairs)} labelled pairs; labellers A/B agree exactly on {exact:.1%} of {n}, on 'main or not' "
           f"on {main:.1%}; labels 0/1/2: {[sum(p.label == k for p in pairs) for k in (0, 1, 2)]}")
     t0 = time.perf_counter()
     ents, vec, whole = embed_all([p.request for p in pairs] + [p.donor for p in pairs])
     print(f"extracted and embedded {len(ents)} prompts in {time.perf_counter() - t0:.1f} s")
     splits = ("calib", "heldout") if args.split == "both" else (args.split,)
+    groups = sorted({p.source for p in pairs}) if args.by_style else splits
     rows = []
     for thr in [float(t) for t in args.thresholds.split(",")]:
         for name, accepts in rules(ents, vec, whole, thr).items():
-            for split in splits:
-                s = score([p for p in pairs if p.split == split], accepts)
+            for split in groups:
+                s = score([p for p in pairs if (p.source if args.by_style else p.split) == split], accepts)
                 rows.append([name, f"{thr:.2f}", split, s.pairs, s.accepted, f"{s.precision_main:.3f}",
                              f"{s.precision_any:.3f}", f"{s.recall:.3f}"])
-    print(table(["rule", "thr", "split", "pairs", "accepted", "prec. main", "prec. any", "recall (2)"], rows))
+    print(table(["rule", "thr", "style" if args.by_style else "split", "pairs", "accepted", "prec. main",
+                 "prec. any", "recall (2)"], rows))
     return 0
 
 

@@ -31,6 +31,10 @@ which either side is a phrase the default list removes.
     python -m bench.bench_hit_rate --quick          # 300 prompts, 3 thresholds x 3 budgets, < 1 minute
     python -m bench.bench_hit_rate                  # all prompts, 8 thresholds x 5 budgets (a few minutes)
     python -m bench.bench_hit_rate --out docs/hit_rate.png --thresholds 0.6,0.7,0.8 --budgets 0.05,0.1
+    python -m bench.bench_hit_rate --style-set --no-plot   # the issue-25 prompts in users' styles instead
+
+`--style-set` replays the 840 prompts of bench/data/style_pairs (seven styles, shuffled together) instead of
+VBench; its hits are looked up in both label sets.
 """
 from __future__ import annotations
 
@@ -53,6 +57,7 @@ LATENT_NAMES = ("x_t_0", "x_t_1", "x_t_2")
 SIGMAS = (0.9, 0.7, 0.5)
 ENTRY_BYTES = 16_384          # every entry is padded to exactly this size
 PAD_KEY = "pad"
+PSEUDO_CHARS = 480  # the whole-prompt matcher's entity text (the store takes at most 500 characters)
 THRESHOLDS = (0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 BUDGETS = (0.02, 0.05, 0.10, 0.25, 1.0)
 WARM_SHARE = 0.10
@@ -240,14 +245,27 @@ def plot(path: Path, by_thr: dict, by_budget: dict, thresholds: list[float], bud
     plt.close(fig)
 
 
-def print_usefulness(entity: Run, prompt: Run, threshold: float, export: Path | None) -> None:
+def style_set_prompts(seed: int) -> list[str]:
+    """The issue-25 prompts (every style), deduplicated and shuffled together."""
+    import random as _random
+
+    from bench.hit_labels import STYLE_DATA
+
+    prompts = list(dict.fromkeys(p for path in sorted(STYLE_DATA.glob("prompts_*.txt")) for p in load_prompts(path)))
+    _random.Random(seed).shuffle(prompts)
+    return prompts
+
+
+def print_usefulness(entity: Run, prompt: Run, threshold: float, export: Path | None,
+                     label_sets: bool = True) -> None:
     """Useful-hit rate of the replay (hits whose pair is labelled 2) and precision/recall on the labelled pairs."""
     import json
 
     from bench.hit_labels import label_index, load_pairs, score_through_store
 
     labels = label_index()
-    print(f"\nwhat the hits are worth (threshold {threshold:.2f}, budget 10%; labels: bench/data/hit_pairs)")
+    print(f"\nwhat the hits are worth (threshold {threshold:.2f}, budget 10%; labels: bench/data/hit_pairs and "
+          "style_pairs)")
     rows = []
     unlabelled: dict[tuple[str, str], None] = {}
     for name, run in (("entity (this pack)", entity), ("whole prompt", prompt)):
@@ -256,11 +274,13 @@ def print_usefulness(entity: Run, prompt: Run, threshold: float, export: Path | 
         unlabelled.update({p: None for p in pairs if p not in labels})
         useful = sum(v == 2 for v in known)
         share = useful / len(known) if known else float("nan")
-        rows.append([name, f"{run.hit_rate:.1%}", f"{len(known)}/{len(pairs)}", f"{share:.1%}",
+        anything = sum(v >= 1 for v in known) / len(known) if known else float("nan")
+        rows.append([name, f"{run.hit_rate:.1%}", f"{len(known)}/{len(pairs)}", f"{share:.1%}", f"{anything:.1%}",
                      f"{run.hit_rate * share:.1%}"])
-    print(table(["matcher", "hit rate", "hits labelled", "useful among labelled", "useful-hit rate"], rows))
-    pairs = load_pairs()
-    for split in ("calib", "heldout"):
+    print(table(["matcher", "hit rate", "hits labelled", "useful among labelled (2)", "anything visible (>= 1)",
+                 "useful-hit rate"], rows))
+    pairs = load_pairs() if label_sets else []
+    for split in ("calib", "heldout") if pairs else ():
         s = score_through_store([p for p in pairs if p.split == split], threshold)
         print(f"  labelled pairs, {split} split ({s.pairs}; one donor per cache, through ChaiCache): accepted "
               f"{s.accepted}, precision main {s.precision_main:.3f}, any {s.precision_any:.3f}, "
@@ -286,6 +306,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--samples", type=int, default=15, help="sample entity hits to list")
     ap.add_argument("--quick", action="store_true", help="300 prompts, 3 thresholds, 3 budgets")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    ap.add_argument("--style-set", action="store_true", help="replay the issue-25 prompts (bench/data/style_pairs)")
     ap.add_argument("--export-unlabelled", type=Path, default=None,
                     help="write the default run's (request, donor) hits without a label to this JSONL file")
     args = ap.parse_args(argv)
@@ -301,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()
-    prompts = load_prompts(args.prompts, seed=args.seed)
+    prompts = style_set_prompts(args.seed) if args.style_set else load_prompts(args.prompts, seed=args.seed)
     n = args.n or (300 if args.quick else len(prompts))
     prompts = prompts[:n]
     embedder = get_embedder("minilm").load()
@@ -328,8 +349,9 @@ def main(argv: list[str] | None = None) -> None:
         return EmbeddedEntities(tuple(ents), vecs, embedder.identity)
 
     items = {"entity": [embedded(es) for es in ents_default],
-             "prompt": [EmbeddedEntities((Entity(p, "other", p),), prompt_vecs[p][None, :],
-                                         embedder.identity) for p in prompts]}
+             # the pseudo-entity's text only names the prompt: cut to the store's entity-text limit (long prose)
+             "prompt": [EmbeddedEntities((Entity(p[:PSEUDO_CHARS], "other", p[:PSEUDO_CHARS]),),
+                                         prompt_vecs[p][None, :], embedder.identity) for p in prompts]}
     items_nostop = [embedded(es) for es in ents_nostop]
 
     work = Path(tempfile.mkdtemp(prefix="chai-hitrate-"))
@@ -361,7 +383,8 @@ def main(argv: list[str] | None = None) -> None:
     served = n - n_warm
     mism = sum(r.size_mismatch for r in list(by_thr.values()) + list(by_budget.values()))
     print()
-    print(f"hit-rate replay: {n} VBench prompts shuffled (seed {args.seed}), {n_warm} warm, {served} served; "
+    source = "issue-25 style-set" if args.style_set else "VBench"
+    print(f"hit-rate replay: {n} {source} prompts shuffled (seed {args.seed}), {n_warm} warm, {served} served; "
           f"entries padded to {ENTRY_BYTES} B{' (size mismatches: ' + str(mism) + ')' if mism else ''}; "
           f"embedder {embedder.identity}; default threshold {default_thr:.2f}; "
           f"{sum(1 for es in ents_default if not es)} prompts without entities\n")
@@ -430,7 +453,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [[m[1], m[2], f"{m[3]:.3f}", shorten(m[0], 48), shorten(m[4], 48)] for m in take]
     print(table(["query entity", "matched entity", "sim", "query prompt", "donor prompt"], rows, "llrll"))
 
-    print_usefulness(e10, p10, default_thr, args.export_unlabelled)
+    print_usefulness(e10, p10, default_thr, args.export_unlabelled, label_sets=not args.style_set)
 
     if not args.no_plot:
         plot(args.out, by_thr, by_budget, thresholds, budgets, default_thr, n)

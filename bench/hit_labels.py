@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 DATA = Path(__file__).resolve().parent / "data" / "hit_pairs"
+STYLE_DATA = Path(__file__).resolve().parent / "data" / "style_pairs"  # issue 25: prompts in users' styles
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,9 @@ def load_pairs(data: Path = DATA) -> list[Pair]:
         label = majority(votes)
         if label is None:
             continue
-        out.append(Pair(pid, row["request"], row["donor"], prov[pid]["source"], prov[pid]["split"], label, votes))
+        # The issue-25 set names each pair's style; it has no calibration split (styles are held out instead).
+        source = prov[pid].get("style") or prov[pid]["source"]
+        out.append(Pair(pid, row["request"], row["donor"], source, prov[pid].get("split", "heldout"), label, votes))
     return out
 
 
@@ -149,8 +152,10 @@ def rule_accepts(pairs: Iterable[Pair]) -> Callable[[float], Callable[[Pair], bo
 
 
 def label_index(data: Path = DATA) -> dict[tuple[str, str], int]:
-    """(request, donor) -> decided label, for every labelled pair (the label set and the replay's own pairs)."""
+    """(request, donor) -> decided label, for every labelled pair (the label sets and the replay's own pairs)."""
     out = {(p.request, p.donor): p.label for p in load_pairs(data)}
+    if data == DATA and (STYLE_DATA / "pairs.jsonl").is_file():
+        out.update({(p.request, p.donor): p.label for p in load_pairs(STYLE_DATA)})
     replay = data / "replay_pairs.jsonl"
     if replay.is_file():
         votes: dict[str, list[int]] = {}

@@ -45,12 +45,18 @@ from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, ING_NOUNS, L
                       SCENE_PHRASES)
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
+from .repair import Repairs, repairs
 from .stop_entities import StopEntities
+from .tags import normalise_tags, tag_words
+from .wordclass import WordClasses, word_classes
 
 if TYPE_CHECKING:
     from spacy.tokens import Doc, Token
 
 KINDS = ("object", "scene", "other")
+# Words the typo repair never touches: the pack's own lexicons and tag words.
+_PROTECTED = frozenset(SCENE_HEADS | LOCATIVE_SCENE_HEADS | CONDITION_HEADS | ING_NOUNS | COLOUR_WORDS
+                       | frozenset(LEMMA_EXCEPTIONS) | frozenset(w for t in tag_words() for w in t.split()))
 MAX_PROMPT_CHARS = 4000
 PIPE_BATCH_SIZE = 64
 
@@ -60,7 +66,6 @@ _MODIFIER_POS = frozenset({"ADJ", "NOUN", "PROPN", "VERB"})
 # A `compound` token joins a run unless it is a function word or a verb ("zoom in", "a panda drinking coffee").
 _NOT_COMPOUND_POS = frozenset({"VERB", "AUX", "ADP", "PART", "PUNCT", "CCONJ", "SCONJ", "PRON", "SYM",
                                "SPACE", "DET", "INTJ"})
-_NOMINAL_DEPS = frozenset({"nsubj", "nsubjpass", "dobj", "pobj", "appos"})
 _HYPHENS = frozenset({"-", "\u2010", "\u2011", "\u2013"})
 _SPACES = re.compile(r"\s+")
 _LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
@@ -110,6 +115,7 @@ class EntityExtractor:
     def __init__(self, pipeline: str | None = None, stop_entities: StopEntities | None = None) -> None:
         self.pipeline_name, self._nlp = resolve_pipeline(pipeline)
         self.stop_entities = StopEntities.default() if stop_entities is None else stop_entities
+        self.words = word_classes(self._nlp, _PROTECTED)
 
     def extract(self, prompt: str) -> list[Entity]:
         """The prompt's entities in order of first mention; [] when it has none or is not in English."""
@@ -126,7 +132,7 @@ class EntityExtractor:
 
     def entities_from_doc(self, doc: "Doc", apply_stop_list: bool = True) -> list[Entity]:
         """Entities of an already parsed document with their roles (optionally without the stop list)."""
-        found = _entities(doc, self.stop_entities.strip_heads)
+        found = _entities(doc, self.stop_entities.strip_heads, self.words)
         if apply_stop_list:
             found = [(e, i) for e, i in found if not self.stop_entities.is_stop(e.text, e.head)]
         roles = roles_for(doc, [i for _, i in found], [e.kind for e, _ in found])
@@ -139,7 +145,7 @@ class EntityExtractor:
         text = truncate_prompt(encodable_text(prompt))
         if foreign_language(text) is not None:
             return ""
-        return self.stop_entities.mask_templates(text)
+        return self.words.correct_text(self.stop_entities.mask_templates(normalise_tags(text)))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -163,9 +169,10 @@ def merge_variants(entities: list[Entity]) -> list[Entity]:
     return out
 
 
-def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset()) -> list[tuple[Entity, int]]:
+def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
+              words: WordClasses = WordClasses()) -> list[tuple[Entity, int]]:
     """(entity, head token index) pairs in order of first mention, one per distinct text."""
-    nominal = _repaired_nouns(doc)
+    nominal = repairs(doc, words)
     raw = _chunk_candidates(doc, nominal) + _run_candidates(doc, nominal)
     cleaned = [_clean(doc, indices, nominal) for indices in raw]
     merged: dict[str, tuple[Entity, int]] = {}
@@ -191,60 +198,8 @@ def _is_wordlike(tok: "Token") -> bool:
             and not tok.like_url and not tok.like_email)
 
 
-def _repaired_nouns(doc: "Doc") -> set[int]:
-    """Indices of tokens treated as nouns although the tagger said ADJ/ADV (see module docstring)."""
-    repaired: set[int] = set()
-    content = [t for t in doc if t.is_alpha and not t.is_stop]
-    if len(content) == 1 and _looks_mistagged(content[0]):
-        # A one-word prompt ("campsite" tagged VB, "carrousel" RB, "a remote" JJ) names a thing.
-        repaired.add(content[0].i)
-    for tok in doc:
-        if tok.pos_ in ("VERB", "ADJ", "ADV", "X") and tok.is_alpha and any(
-                c.dep_ == "det" and c.i < tok.i for c in tok.children):
-            prev = doc[tok.i - 1] if tok.i > 0 else None
-            if (tok.tag_ == "VBG" and prev is not None and prev.is_alpha and prev.dep_ != "det"
-                    and prev.pos_ in ("ADJ", "ADV", "NOUN", "PROPN")):
-                # "a golden retriever playing" (sm: det -> playing): the noun is the word before the participle
-                repaired.add(prev.i)
-                continue
-            repaired.add(tok.i)  # a determiner attached to it makes it a noun: "a stop sign" (sign as VB)
-            continue
-        if tok.pos_ not in ("ADJ", "ADV") or tok.is_stop or not tok.is_alpha:
-            continue
-        if tok.pos_ == "ADV" and tok.lower_.endswith("ly"):
-            continue
-        if tok.dep_ in _NOMINAL_DEPS:
-            nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
-            # "on treadmill" (pobj, tagged ADJ) is a noun; an ADJ before a noun, or before a comma and
-            # another adjective ("in a warm, welcoming light"), is a modifier.
-            after = doc[tok.i + 2] if tok.i + 2 < len(doc) else None
-            coordinated = nxt is not None and nxt.text == "," and after is not None and after.pos_ == "ADJ"
-            if nxt is None or (nxt.pos_ not in _HEAD_POS and not coordinated):
-                repaired.add(tok.i)
-                continue
-        if tok.pos_ == "ADV" and tok.i > 0:
-            # "A golden retriever running": ADV right after a determiner-led run of modifiers.
-            j = tok.i - 1
-            while j >= 0 and doc[j].pos_ in ("ADJ", "NOUN", "PROPN"):
-                j -= 1
-            nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
-            if j >= 0 and j < tok.i - 1 and doc[j].pos_ == "DET" and (nxt is None or nxt.pos_ not in
-                                                                      ("ADJ", "ADV", "NOUN", "PROPN")):
-                repaired.add(tok.i)
-    return repaired
-
-
-def _looks_mistagged(tok: "Token") -> bool:
-    """A lone word the tagger did not call a noun: kept unless it is an inflected verb or an -ly adverb."""
-    if tok.pos_ in ("X", "INTJ", "ADJ"):
-        return True  # "arch" (JJ), "glacier" (JJR), "a remote" (JJ)
-    if tok.pos_ == "VERB":
-        return tok.tag_ in ("VB", "VBP")
-    return tok.pos_ == "ADV" and tok.tag_ == "RB" and not tok.lower_.endswith("ly")
-
-
-def _is_head(tok: "Token", nominal: set[int]) -> bool:
-    return (tok.pos_ in _HEAD_POS or tok.i in nominal) and _is_wordlike(tok)
+def _is_head(tok: "Token", nominal: Repairs) -> bool:
+    return (tok.pos_ in _HEAD_POS or tok.i in nominal) and tok.i not in nominal.verbal and _is_wordlike(tok)
 
 
 def _is_glue_hyphen(doc: "Doc", i: int) -> bool:
@@ -254,7 +209,7 @@ def _is_glue_hyphen(doc: "Doc", i: int) -> bool:
             and not tok.whitespace_ and _has_alnum(doc[i - 1].text) and _has_alnum(doc[i + 1].text))
 
 
-def _is_participle(doc: "Doc", i: int, nominal: set[int]) -> bool:
+def _is_participle(doc: "Doc", i: int, nominal: Repairs) -> bool:
     """An -ing word right after a noun ("a dog drinking water", "Corgi playing"): the sm tagger calls it NN."""
     tok = doc[i]
     word = tok.lower_
@@ -265,12 +220,12 @@ def _is_participle(doc: "Doc", i: int, nominal: set[int]) -> bool:
     return _is_head(doc[i - 1], nominal)
 
 
-def _split(doc: "Doc", indices: Iterable[int], nominal: set[int]) -> list[list[int]]:
+def _split(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[list[int]]:
     """Break a candidate at punctuation (not a glue hyphen), conjunctions and participles after a noun."""
     parts: list[list[int]] = [[]]
     for i in indices:
         tok = doc[i]
-        if ((tok.is_punct and not _is_glue_hyphen(doc, i)) or tok.pos_ == "CCONJ"
+        if ((tok.is_punct and not _is_glue_hyphen(doc, i)) or tok.pos_ == "CCONJ" or i in nominal.verbal
                 or _is_participle(doc, i, nominal)):
             parts.append([])
         else:
@@ -278,7 +233,7 @@ def _split(doc: "Doc", indices: Iterable[int], nominal: set[int]) -> list[list[i
     return [p for p in parts if p]
 
 
-def _chunk_candidates(doc: "Doc", nominal: set[int]) -> list[list[int]]:
+def _chunk_candidates(doc: "Doc", nominal: Repairs) -> list[list[int]]:
     if not doc.has_annotation("DEP"):
         return []
     out: list[list[int]] = []
@@ -291,13 +246,15 @@ def _chunk_candidates(doc: "Doc", nominal: set[int]) -> list[list[int]]:
     return out
 
 
-def _in_run(tok: "Token", nominal: set[int]) -> bool:
+def _in_run(tok: "Token", nominal: Repairs) -> bool:
+    if tok.i in nominal.verbal:
+        return False
     if tok.pos_ in _RUN_POS or tok.i in nominal:
         return True
     return tok.dep_ == "compound" and tok.pos_ not in _NOT_COMPOUND_POS
 
 
-def _run_candidates(doc: "Doc", nominal: set[int]) -> list[list[int]]:
+def _run_candidates(doc: "Doc", nominal: Repairs) -> list[list[int]]:
     out: list[list[int]] = []
     current: list[int] = []
     for tok in doc:
@@ -312,7 +269,7 @@ def _run_candidates(doc: "Doc", nominal: set[int]) -> list[list[int]]:
     return [part for run in out for part in _split(doc, run, nominal)]
 
 
-def _clean(doc: "Doc", indices: Iterable[int], nominal: set[int]) -> list[int]:
+def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
     """Keep content tokens and tight hyphens, then trim so the span ends at a noun."""
     kept: list[int] = []
     for i in indices:
@@ -352,7 +309,7 @@ def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:
     return out
 
 
-def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: set[int],
+def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs,
                  strip_heads: frozenset[str]) -> tuple[Entity, int] | None:
     # "desert scene" -> "desert": a template head gives way to the noun that modifies it.
     while len(indices) > 1 and _lemma(doc[indices[-1]]) in strip_heads and _is_head(doc[indices[-2]], nominal):

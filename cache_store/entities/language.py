@@ -1,14 +1,44 @@
 """Is a prompt English? The extractor parses with an English pipeline, and a prompt in another language parses
-into nonsense entities ("un", "ein koch"), so such a prompt has no entities: a clean miss, never a wrong hit."""
+into nonsense entities ("un", "ein koch"), so such a prompt has no entities: a clean miss, never a wrong hit,
+and the nodes say which language they saw and what to do.
+
+Two signals: the script (a prompt written mostly in Han, kana, Hangul, Cyrillic, Greek, Arabic, Hebrew,
+Devanagari or Thai letters is not English), and for Latin-script prompts the function words of six languages
+whose stop lists ship with spaCy, helped by the letters only those languages use ("läuft", "niño", "garçon").
+
+No multilingual matching: it would need a multilingual sentence encoder (the smallest of the MiniLM kind,
+paraphrase-multilingual-MiniLM-L12-v2, is about 470 MB with twice the layers of the pack's encoder, so about
+twice its cost per lookup, and no PyPI package ships its weights) and a parser per language for the roles.
+"""
 from __future__ import annotations
 
 import re
 from functools import lru_cache
 
 # Languages whose function words are told apart from English ones (their stop lists ship with spaCy).
-OTHER_LANGUAGES = ("de", "es", "fr", "it", "nl", "pt")
-LANGUAGE_NAMES = {"de": "German", "es": "Spanish", "fr": "French", "it": "Italian", "nl": "Dutch", "pt": "Portuguese"}
+OTHER_LANGUAGES = ("de", "es", "fr", "it", "nl", "pt", "pl", "tr")
+LANGUAGE_NAMES = {"de": "German", "es": "Spanish", "fr": "French", "it": "Italian", "nl": "Dutch", "pt": "Portuguese",
+                  "pl": "Polish", "tr": "Turkish", "xx": "not English (its letters)",
+                  "zh": "Chinese", "ja": "Japanese", "ko": "Korean", "ru": "Russian (Cyrillic script)",
+                  "el": "Greek", "ar": "Arabic", "he": "Hebrew", "hi": "Hindi (Devanagari script)", "th": "Thai"}
 _WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
+# Letters an English prompt does not use, by the languages that do (a hint, counted with the function words).
+_LETTERS = {"de": "äöüß", "es": "ñ¿¡áéíóú", "fr": "çèêëàâîïôûœ", "it": "àèéìòù", "nl": "ĳëï", "pt": "ãõçáâêôé",
+            "pl": "ąćęłńóśźż", "tr": "çğıöşüİ"}
+# Common English words that are function words elsewhere ("car" and "stop" in French, "pan" in Polish): never
+# counted for another language.
+ENGLISH_LOOKALIKES = frozenset({"car", "stop", "pan", "pit", "son", "fin", "dove", "sale", "come", "die", "mine",
+                                "male", "van", "den", "via", "tan", "ten", "bro"})
+# A prompt whose words carry letters outside English this often is in another language even when its function
+# words are in no list here ("xx").
+MARKED_WORD_SHARE = 0.25
+# Unicode ranges of other scripts; kana decides Japanese over Chinese.
+_SCRIPTS = (("ja", ((0x3040, 0x30FF),)), ("ko", ((0xAC00, 0xD7AF), (0x1100, 0x11FF))),
+            ("zh", ((0x4E00, 0x9FFF), (0x3400, 0x4DBF))), ("ru", ((0x0400, 0x04FF),)), ("el", ((0x0370, 0x03FF),)),
+            ("ar", ((0x0600, 0x06FF),)), ("he", ((0x0590, 0x05FF),)), ("hi", ((0x0900, 0x097F),)),
+            ("th", ((0x0E00, 0x0E7F),)))
+_LATIN_CONTENT_WORD = re.compile(r"(?<![^\W\d_])[A-Za-z]{3,}(?![^\W\d_])")
+OTHER_SCRIPT_SHARE = 0.3  # share of a prompt's letters in another script that makes it not English
 
 
 @lru_cache(maxsize=1)
@@ -19,28 +49,54 @@ def _stop_words() -> tuple[frozenset[str], dict[str, frozenset[str]]]:
     from spacy.lang.fr.stop_words import STOP_WORDS as FR
     from spacy.lang.it.stop_words import STOP_WORDS as IT
     from spacy.lang.nl.stop_words import STOP_WORDS as NL
+    from spacy.lang.pl.stop_words import STOP_WORDS as PL
     from spacy.lang.pt.stop_words import STOP_WORDS as PT
+    from spacy.lang.tr.stop_words import STOP_WORDS as TR
 
-    english = frozenset(EN)
-    lists = dict(zip(OTHER_LANGUAGES, (DE, ES, FR, IT, NL, PT)))
+    english = frozenset(EN) | ENGLISH_LOOKALIKES
+    lists = dict(zip(OTHER_LANGUAGES, (DE, ES, FR, IT, NL, PT, PL, TR)))
     return english, {code: frozenset(w for w in words if w not in english) for code, words in lists.items()}
 
 
-def foreign_language(text: str) -> str | None:
-    """The code of a language with at least two function words in `text` and no fewer than English has, or None.
+def other_script(text: str) -> str | None:
+    """The language code of the non-Latin script most of the prompt's letters are written in, or None."""
+    letters = [ord(ch) for ch in text if ch.isalpha()]
+    if not letters:
+        return None
+    counts = {code: sum(any(lo <= c <= hi for lo, hi in ranges) for c in letters) for code, ranges in _SCRIPTS}
+    if counts["ja"] and counts["ja"] + counts["zh"] >= OTHER_SCRIPT_SHARE * len(letters):
+        return "ja"
+    code, n = max(counts.items(), key=lambda kv: kv[1])
+    return code if n >= OTHER_SCRIPT_SHARE * len(letters) else None
 
-    Capitalised words after the first are names ("Van Gogh", "La Paz") and are not counted.
+
+def foreign_language(text: str) -> str | None:
+    """The code of the language `text` is written in when it is not English, or None.
+
+    Another script decides when no Latin word of three letters or more stands beside it; in Latin script, a
+    language needs at least two of its own function words (or one and a word with a letter only it uses) and no
+    fewer than English has. Capitalised words after the first are names ("Van Gogh", "La Paz") and are not counted.
     """
+    script = other_script(text)
+    if script is not None and not _LATIN_CONTENT_WORD.search(text):
+        return script  # with an English word beside it ("Собака бежит, a dog") the English part is parsed
     found = _WORD.findall(text)
     words = [w.lower() for i, w in enumerate(found) if i == 0 or not w[:1].isupper()]
     english, others = _stop_words()
     n_english = sum(w in english for w in words)
-    best, count = None, 0
+    best, score = None, 0
     for code, stops in others.items():
-        n = sum(w in stops for w in words)
-        if n > count:
-            best, count = code, n
-    return best if count >= 2 and count >= n_english else None
+        n = len({w for w in words if w in stops})
+        marked = sum(any(ch in _LETTERS[code] for ch in w) for w in words)
+        if n >= 2 or (n >= 1 and marked >= 1):
+            if n + marked > score and n + marked >= n_english:
+                best, score = code, n + marked
+    latin = [w for w in words if all("a" <= ch <= "z" or "\u00df" <= ch <= "\u024f" for ch in w)]
+    if best is None and latin:
+        marked = sum(any(not ("a" <= ch <= "z") for ch in w) for w in latin)
+        if marked >= 2 and marked >= MARKED_WORD_SHARE * len(latin):
+            return "xx"
+    return best
 
 
 def language_name(code: str) -> str:
@@ -56,4 +112,5 @@ def english_only_note(code: str) -> str:
             "encoder keeps yours).")
 
 
-__all__ = ["LANGUAGE_NAMES", "OTHER_LANGUAGES", "english_only_note", "foreign_language", "language_name"]
+__all__ = ["LANGUAGE_NAMES", "OTHER_LANGUAGES", "english_only_note", "foreign_language", "language_name",
+           "other_script"]

@@ -14,6 +14,9 @@ QUANTITY_HEADS = frozenset({
     "group", "bunch", "pair", "couple", "lot", "number", "handful", "dozen", "set", "series", "variety",
     "array", "collection", "cluster", "crowd", "herd", "flock", "swarm", "pack", "school", "team", "row",
     "pile", "stack", "heap", "kind", "type", "sort", "amount", "quantity", "plenty", "majority", "bundle", "troop", "colony", "fleet", "range", "assortment", "multitude", "host",
+    # containers and portions: "a bowl of ramen" is about the ramen ("a bowl of chips" / "a bowl of ramen" differ)
+    "bowl", "cup", "mug", "glass", "plate", "jar", "bottle", "basket", "bucket", "tray", "slice", "piece", "box",
+    "bag", "carton", "sack", "spoonful", "plateful", "scoop",
 })
 LOCATIVE_PREPOSITIONS = frozenset({
     "in", "on", "at", "along", "through", "across", "over", "under", "near", "by", "inside", "into",
@@ -38,6 +41,9 @@ LEMMA_EXCEPTIONS = {
     "glasses": "glasses", "sunglasses": "sunglasses", "goggles": "goggles", "scissors": "scissors",
     "binoculars": "binoculars", "species": "species", "series": "series", "news": "news",
     "headphones": "headphones", "pajamas": "pajamas", "pyjamas": "pyjamas", "tongs": "tongs",
+    # -men words that are no plural of "man" ("ramen" is not "raman")
+    "ramen": "ramen", "abdomen": "abdomen", "omen": "omen", "specimen": "specimen", "regimen": "regimen",
+    "stamen": "stamen",
 }
 # Places and settings (the VBench `scene` dimension's categories plus common landscape and room words).
 SCENE_HEADS = frozenset({

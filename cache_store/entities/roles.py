@@ -67,10 +67,17 @@ def focus_tokens(doc: "Doc") -> set[int]:
     while grown:
         grown = False
         for tok in sent:
-            if tok.i not in focus and tok.dep_ in ("conj", "appos") and tok.head.i in focus:
+            if (tok.i not in focus and tok.dep_ in ("conj", "appos") and tok.head.i in focus
+                    and not _clause_between(doc, tok.head.i, tok.i)):
                 focus.add(tok.i)
                 grown = True
     return focus
+
+
+def _clause_between(doc: "Doc", head: int, tok: int) -> bool:
+    """Whether a verb stands between a focus noun and a later conjunct or apposition: "A surfer paddling out at
+    a stormy beach, grey sky and white spray" describes the scene after the subject's clause, not more subjects."""
+    return any(doc[k].pos_ == "VERB" for k in range(min(head, tok) + 1, max(head, tok)))
 
 
 def activity(doc: "Doc", head_index: int, lemma: Callable[["Token"], str] = lambda t: t.lemma_.lower()) -> str:

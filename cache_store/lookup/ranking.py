@@ -8,10 +8,12 @@ import numpy as np
 
 from ..entities.roles import SCENE
 from ..types import EmbeddedEntities, Match, shape_key
+from .decision import features, side_of
 from .rule import HitRule, matched_role
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
+DECIDED_SPARES = 2       # proposed entries the decision accepts before it stops asking
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,52 @@ def rank(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str,
            "ORDER BY n DESC, s DESC, entry_id DESC LIMIT ?")
     rows = manifest.query(sql, params + [group[0][0], *role_params, *where_params, CANDIDATES])
     return [r[0] for r in rows]
+
+
+def donor_side(manifest: Any, entry_id: int, dim: int) -> Any:
+    """A stored entry's entities, roles and vectors, as the decision reads them (`decision.Side`)."""
+    rows = manifest.query("SELECT e.text, e.kind, e.head, e.core, e.vector, p.role FROM postings p JOIN entities e "
+                          "ON e.id = p.entity_id WHERE p.entry_id = ? ORDER BY e.id", (entry_id,))
+    rows = [r for r in rows if r[4] is not None and len(bytes(r[4])) == 4 * dim]
+    ents = [StoredEntity(text, kind, head or text.rsplit(" ", 1)[-1], core) for text, kind, head, core, _, _ in rows]
+    vectors = [np.frombuffer(bytes(r[4]), dtype=np.float32) for r in rows]
+    return side_of(ents, [r[5] for r in rows], np.stack(vectors) if vectors else np.zeros((0, dim), np.float32))
+
+
+def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rule: HitRule) -> tuple[list[int], str]:
+    """The proposed donors the rule's learned decision accepts, in order, and why the best refused one was
+    refused ('' when none was); all of them when the rule has no decision or it was fitted on another embedder."""
+    model = rule.decision
+    if model is None or not candidates or not model.applies_to(entities.embedder):
+        return candidates, ""
+    request = side_of(entities.entities, [e.role for e in entities.entities], entities.vectors)
+    kept: list[int] = []
+    best = (-1.0, "")
+    for entry_id in candidates:
+        if len(kept) >= DECIDED_SPARES:
+            break  # a hit loads the first; the others only stand in for a damaged one
+        values = features(request, donor_side(manifest, entry_id, entities.vectors.shape[1]), rule)
+        p = model.probability(values)
+        if p >= model.threshold:
+            kept.append(entry_id)
+        elif p > best[0]:
+            best = (p, f"the entries that share entities were refused by the hit decision (best p {p:.2f} < "
+                       f"{model.threshold:.2f}: {explain(values)})")
+    return kept, best[1]
+
+
+def explain(values: dict[str, float]) -> str:
+    """What a refused donor lacked, in words."""
+    why = []
+    if values.get("primary_missing") or values.get("main_missing"):
+        why.append("the request's main subject is not in them")
+    if values.get("compound_differs"):
+        why.append("a look-alike compound ('sea lion' / 'lion')")
+    if values.get("scene_conflict"):
+        why.append("another scene")
+    if values.get("context_sim", 1.0) < 0.6:
+        why.append(f"different surroundings (in-context similarity {values['context_sim']:.2f})")
+    return "; ".join(why) or "too little shared"
 
 
 def agreeing_scenes(entities: EmbeddedEntities, matched: list[tuple[int, int, float]]) -> list[int] | None:

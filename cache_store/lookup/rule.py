@@ -5,6 +5,8 @@ with the SQL the stores run (`roles_sql`, `scenes_sql`, used by `ranking.rank`);
 both agree. `ChaiCache` builds one rule per lookup and passes it to `store.lookup`.
 
 A match pairs an entity of the request with an entity of a cached entry at cosine similarity >= the threshold.
+The rule proposes donors; its `decision` (a model fitted to labelled pairs, `lookup.decision`) then accepts or
+refuses each proposed donor from everything the two prompts' entities share (`ranking.decide`).
 It can carry a hit only when both entities are the main subject or the scene of their prompts (`roles`): a donor
 that shares only a prop, a background object or a generic bystander would lead Cache Attention to a different
 video, not a cheaper road to the same one. Those matches are still reported, as secondary. When both prompts
@@ -13,10 +15,11 @@ name a scene, the scenes must match too (`scenes_must_agree`): the same main sub
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
+from .decision import DecisionModel, default_decision
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class HitRule:
     # A donor showing another scene than the request's is refused: in the quality lab such donors (the same main
     # subject elsewhere) leaked their scene's colours into the hit at every step count (docs/quality-lab.md).
     scenes_must_agree: bool = True
+    # The learned decision over the donors this rule proposes (lookup/decision.py); None = the rule alone.
+    decision: DecisionModel | None = field(default_factory=default_decision, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < float(self.threshold) <= 1.0:

@@ -212,6 +212,12 @@ class _Bert:
 
     def pooled(self, ids: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
         """Mean of the last hidden states over real tokens: ids, mask (B, L) -> (B, hidden)."""
+        x = self.states(ids, mask)
+        m = mask.unsqueeze(-1).to(x.dtype)
+        return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+
+    def states(self, ids: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
+        """The last hidden state of every token: ids, mask (B, L) -> (B, L, hidden)."""
         import torch.nn.functional as F
 
         b, length = ids.shape
@@ -226,8 +232,7 @@ class _Bert:
             x = F.layer_norm(F.linear(a, o_w, o_b) + x, (d,), ln1_w, ln1_b, eps=self.eps)
             f = F.linear(self.act(F.linear(x, i_w, i_b)), f_w, f_b)
             x = F.layer_norm(f + x, (d,), ln2_w, ln2_b, eps=self.eps)
-        m = mask.unsqueeze(-1).to(x.dtype)
-        return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+        return x
 
 
 class MiniLMEmbedder(Embedder):
@@ -366,6 +371,27 @@ class MiniLMEmbedder(Embedder):
                     out[todo[phrase]] = vec
                     self._remember(phrase, vec)
         return out
+
+    def embed_spans(self, text: str, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+        """Vectors of character spans of `text` read in its context: one forward of the whole text, each span's
+        token states mean-pooled (a span with no token of its own gets the whole text's vector)."""
+        import torch
+
+        items = check_phrases([text])
+        with self._lock:
+            bert = self.load()._bert
+            if bert is None:
+                raise EmbedError(f"{MODEL_NAME} is not loaded")
+            enc = self._tokenizer.encode(items[0])
+            ids = torch.tensor([enc.ids], dtype=torch.int64, device=self.device)
+            with torch.inference_mode():
+                states = bert.states(ids, torch.ones_like(ids, dtype=torch.bool))[0].float().cpu().numpy()
+        content = [k for k, special in enumerate(enc.special_tokens_mask) if not special]
+        rows = []
+        for start, end in spans:
+            inside = [k for k in content if enc.offsets[k][0] < end and enc.offsets[k][1] > start]
+            rows.append(states[inside or content].mean(axis=0))
+        return normalise_rows(np.stack(rows) if rows else np.zeros((0, self.dim)), [text] * len(rows), MODEL_NAME)
 
     def clear_cache(self) -> None:
         """Forget the per-instance phrase -> vector cache."""

@@ -1,0 +1,127 @@
+"""Repairs of tagger mistakes before entities are read: words taken for nouns or verbs against the tags.
+
+- **Nouns** the taggers mislabel (see `entities.extract`'s docstring, step 2): a word with a determiner attached
+  ("a stop sign" with `sign` tagged VB), a non-stop-word ADJ/ADV in a nominal dependency ("on treadmill" tagged JJ)
+  unless it is an adjective ("from big to small": an adjective is never an entity alone), an ADV right after a
+  determiner-led run, the only word of a one-word prompt.
+- **Verbs** the taggers take for nouns: the word after a camera word ("The camera orbits around", "camera pans
+  left", "camera zoom in"), and a verb's -s form after a singular noun that opens the sentence with a singular
+  determiner, when no other verb is in the sentence ("A lion changes from big to small", "a batter swings at a
+  pitch", tagged NNS). Such a word ends a candidate span and is never a head.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .wordclass import WordClasses
+
+if TYPE_CHECKING:
+    from spacy.tokens import Doc, Token
+
+_HEAD_POS = frozenset({"NOUN", "PROPN"})
+_NOMINAL_DEPS = frozenset({"nsubj", "nsubjpass", "dobj", "pobj", "appos"})
+CAMERA_WORDS = frozenset({"camera", "cameras", "cam", "lens", "viewpoint", "pov", "shot"})
+# Determiners that need a singular noun: "a lion changes" cannot be a plural compound.
+_SINGULAR_DETS = frozenset({"a", "an", "the", "each", "every", "one", "this", "that"})
+_VERB_POS = frozenset({"VERB", "AUX"})
+
+
+@dataclass
+class Repairs:
+    """Token indices read as nouns (`in` tests them) and those read as verbs against the tagger."""
+
+    nominal: set[int] = field(default_factory=set)
+    verbal: set[int] = field(default_factory=set)
+
+    def __contains__(self, index: object) -> bool:
+        return index in self.nominal
+
+
+def repairs(doc: "Doc", words: WordClasses) -> Repairs:
+    """The repaired nouns and verbs of a parsed prompt."""
+    verbal = _verbs_taken_for_nouns(doc, words)
+    return Repairs(_repaired_nouns(doc, words) - verbal, verbal)
+
+
+def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
+    out: set[int] = set()
+    if not words:
+        return out
+    for tok in doc:
+        if tok.i == 0 or not tok.is_alpha or not words.is_verb_form(tok.lower_):
+            continue
+        prev = doc[tok.i - 1]
+        if prev.lower_ in CAMERA_WORDS and tok.pos_ in ("NOUN", "PROPN", "VERB", "ADJ", "X"):
+            out.add(tok.i)  # "camera orbits", "camera zoom in", "camera pans left"
+            continue
+        if tok.tag_ not in ("NNS", "VBZ") or not tok.lower_.endswith("s") or prev.tag_ not in ("NN", "NNP"):
+            continue
+        sent = tok.sent if doc.has_annotation("DEP") else doc[:]
+        if any(t.pos_ in _VERB_POS and t.i != tok.i for t in sent):
+            continue  # "the dog toys lie on the floor": the sentence has its verb
+        j = prev.i
+        while j > sent.start and doc[j - 1].pos_ in ("ADJ", "NOUN", "PROPN") and doc[j - 1].tag_ != "NNS":
+            j -= 1
+        det = doc[j - 1] if j > sent.start else None
+        nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+        if det is not None and det.lower_ in _SINGULAR_DETS and (nxt is None or nxt.pos_ not in _HEAD_POS):
+            out.add(tok.i)
+    return out
+
+
+def _repaired_nouns(doc: "Doc", words: WordClasses) -> set[int]:
+    """Indices of tokens treated as nouns although the tagger said ADJ/ADV (see module docstring)."""
+    repaired: set[int] = set()
+    content = [t for t in doc if t.is_alpha and not t.is_stop]
+    if len(content) == 1 and _looks_mistagged(content[0]) and not (content[0].pos_ == "ADJ" and words.is_adjective(
+            content[0].lower_) and content[0].lower_ not in words.nouns):
+        # A one-word prompt ("campsite" tagged VB, "carrousel" RB, "a remote" JJ) names a thing.
+        repaired.add(content[0].i)
+    for tok in doc:
+        if tok.pos_ in ("VERB", "ADJ", "ADV", "X") and tok.is_alpha and any(
+                c.dep_ == "det" and c.i < tok.i for c in tok.children):
+            prev = doc[tok.i - 1] if tok.i > 0 else None
+            if (tok.tag_ == "VBG" and prev is not None and prev.is_alpha and prev.dep_ != "det"
+                    and prev.pos_ in ("ADJ", "ADV", "NOUN", "PROPN")):
+                # "a golden retriever playing" (sm: det -> playing): the noun is the word before the participle
+                repaired.add(prev.i)
+                continue
+            repaired.add(tok.i)  # a determiner attached to it makes it a noun: "a stop sign" (sign as VB)
+            continue
+        if tok.pos_ not in ("ADJ", "ADV") or tok.is_stop or not tok.is_alpha:
+            continue
+        if tok.pos_ == "ADV" and tok.lower_.endswith("ly"):
+            continue
+        if tok.dep_ in _NOMINAL_DEPS and not (tok.pos_ == "ADJ" and words.is_adjective(tok.lower_)):
+            # ... but "small" in "from big to small" (pobj, JJ) stays an adjective: never an entity alone
+            nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+            # "on treadmill" (pobj, tagged ADJ) is a noun; an ADJ before a noun, or before a comma and
+            # another adjective ("in a warm, welcoming light"), is a modifier.
+            after = doc[tok.i + 2] if tok.i + 2 < len(doc) else None
+            coordinated = nxt is not None and nxt.text == "," and after is not None and after.pos_ == "ADJ"
+            if nxt is None or (nxt.pos_ not in _HEAD_POS and not coordinated):
+                repaired.add(tok.i)
+                continue
+        if tok.pos_ == "ADV" and tok.i > 0:
+            # "A golden retriever running": ADV right after a determiner-led run of modifiers.
+            j = tok.i - 1
+            while j >= 0 and doc[j].pos_ in ("ADJ", "NOUN", "PROPN"):
+                j -= 1
+            nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+            if j >= 0 and j < tok.i - 1 and doc[j].pos_ == "DET" and (nxt is None or nxt.pos_ not in
+                                                                      ("ADJ", "ADV", "NOUN", "PROPN")):
+                repaired.add(tok.i)
+    return repaired
+
+
+def _looks_mistagged(tok: "Token") -> bool:
+    """A lone word the tagger did not call a noun: kept unless it is an inflected verb or an -ly adverb."""
+    if tok.pos_ in ("X", "INTJ", "ADJ"):
+        return True  # "arch" (JJ), "glacier" (JJR), "a remote" (JJ)
+    if tok.pos_ == "VERB":
+        return tok.tag_ in ("VB", "VBP")
+    return tok.pos_ == "ADV" and tok.tag_ == "RB" and not tok.lower_.endswith("ly")
+
+
+__all__ = ["CAMERA_WORDS", "Repairs", "repairs"]

@@ -1,0 +1,128 @@
+"""Word classes of English from the pipeline's own lemmatizer tables, and a typo-tolerant lookup of common nouns.
+
+spaCy's rule lemmatizer ships the base forms of English nouns, verbs, adjectives and adverbs (WordNet's lists).
+Extraction reads them to undo tagger mistakes the parse alone cannot see: "A lion changes from big to small"
+(sm tags "changes" as a plural noun and "small" as a noun object), and to repair misspelt nouns ("a grizly bear
+in a rivr") before parsing. A pipeline without these tables gets empty classes: no repair, nothing else changes.
+"""
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spacy.language import Language
+
+_CLASSES = ("noun", "verb", "adj", "adv")
+MIN_TYPO_CHARS = 4  # shorter words have too many one-edit neighbours to correct safely
+_WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")
+_LETTERS = string.ascii_lowercase
+
+
+def _inflection_bases(word: str) -> list[str]:
+    """The word and the base forms an English inflection could come from (dogs, boxes, puppies, running, made)."""
+    out = [word]
+    for suffix, repl in (("ies", "y"), ("ied", "y"), ("es", ""), ("s", ""), ("ed", ""), ("ed", "e"), ("d", ""),
+                         ("ing", ""), ("ing", "e"), ("er", ""), ("er", "e"), ("est", ""), ("ly", ""), ("'s", "")):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 2:
+            stem = word[: len(word) - len(suffix)] + repl
+            out.append(stem)
+            if len(stem) > 2 and stem[-1] == stem[-2] and not repl:
+                out.append(stem[:-1])  # running -> runn -> run
+    return out
+
+
+@dataclass(frozen=True)
+class WordClasses:
+    """Base forms of English nouns, verbs, adjectives and adverbs (empty when the pipeline has no tables)."""
+
+    nouns: frozenset[str] = frozenset()
+    verbs: frozenset[str] = frozenset()
+    adjectives: frozenset[str] = frozenset()
+    adverbs: frozenset[str] = frozenset()
+    irregular: frozenset[str] = frozenset()  # inflected forms the tables list as exceptions (mice, ran)
+    protected: frozenset[str] = frozenset()  # words never corrected (the pack's own lexicons)
+
+    def __bool__(self) -> bool:
+        return bool(self.nouns)
+
+    def known(self, word: str) -> bool:
+        """Whether the word, or a base form it inflects from, is in any class."""
+        w = word.lower()
+        if w in self.irregular or w in self.protected:
+            return True
+        return any(b in self.nouns or b in self.verbs or b in self.adjectives or b in self.adverbs
+                   for b in _inflection_bases(w))
+
+    def is_verb_form(self, word: str) -> bool:
+        """Whether the word is a verb's base or -s form ("changes", "orbits", "zoom")."""
+        w = word.lower()
+        return any(b in self.verbs for b in _inflection_bases(w)[:5])
+
+    def is_adjective(self, word: str) -> bool:
+        """Whether the word is an adjective's base form ("big", "small")."""
+        return word.lower() in self.adjectives
+
+    def correct(self, word: str) -> str | None:
+        """The one common noun a single edit away from an unknown word ("rivr" -> "river"), else None."""
+        w = word.lower()
+        if len(w) < MIN_TYPO_CHARS or not self.nouns or self.known(w):
+            return None
+        for candidates in _edits(w):
+            hits = {c for c in candidates if c in self.nouns and len(c) >= MIN_TYPO_CHARS - 1}
+            if hits:
+                return hits.pop() if len(hits) == 1 else None  # two equally likely nouns: leave the word
+        return None
+
+    def correct_text(self, text: str) -> str:
+        """The text with each misspelt lower-case word replaced by its one-edit common noun (names untouched)."""
+        if not self.nouns:
+            return text
+
+        def fix(m: "re.Match[str]") -> str:
+            word = m.group(0)
+            if not word.islower():
+                return word  # "Kyoto", "NASA": names and acronyms are not typos of nouns
+            fixed = self.correct(word)
+            return fixed if fixed is not None else word
+        return _WORD.sub(fix, text)
+
+
+def _edits(w: str) -> list[set[str]]:
+    """One-edit neighbours in order of how typos usually happen: a missing or doubled letter, two letters
+    swapped, then a wrong letter."""
+    splits = [(w[:i], w[i:]) for i in range(len(w) + 1)]
+    doubled = {a + b[0] + b for a, b in splits if b} | {a + b[1:] for a, b in splits if len(b) > 1 and b[0] == b[1]}
+    inserts = {a + c + b for a, b in splits for c in _LETTERS}
+    deletes = {a + b[1:] for a, b in splits if b}
+    swaps = {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1}
+    replaces = {a + c + b[1:] for a, b in splits if b for c in _LETTERS if c != b[0]}
+    # An extra or a wrong letter in a short word more often makes another word than a typo ("vlog", "hoodie").
+    return [doubled, inserts | swaps, deletes if len(w) >= 6 else set(), replaces if len(w) >= 7 else set()]
+
+
+_BY_PIPELINE: dict[int, tuple[Any, WordClasses]] = {}
+
+
+def word_classes(nlp: "Language", protected: frozenset[str] = frozenset()) -> WordClasses:
+    """The word classes of a loaded pipeline (read once per pipeline object)."""
+    seen = _BY_PIPELINE.get(id(nlp))
+    if seen is not None and seen[0] is nlp:
+        return seen[1]
+    classes = WordClasses(protected=protected)
+    try:
+        lookups = nlp.get_pipe("lemmatizer").lookups  # type: ignore[attr-defined]
+        index, exc = lookups.get_table("lemma_index"), lookups.get_table("lemma_exc")
+        strings = nlp.vocab.strings
+        sets = {c: frozenset(index[strings[c]]) if strings[c] in index else frozenset() for c in _CLASSES}
+        irregular = frozenset(w for c in _CLASSES if strings[c] in exc for w in exc[strings[c]])
+        classes = WordClasses(sets["noun"], sets["verb"], sets["adj"], sets["adv"], irregular, protected)
+    except (KeyError, ValueError, AttributeError):
+        pass  # no rule lemmatizer tables: no repairs
+    _BY_PIPELINE[id(nlp)] = (nlp, classes)
+    return classes
+
+
+__all__ = ["MIN_TYPO_CHARS", "WordClasses", "word_classes"]

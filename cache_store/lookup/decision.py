@@ -1,0 +1,177 @@
+"""The learned hit decision: is a donor whose entities match worth borrowing from? (issue 25)
+
+The hit rule (`rule.HitRule`) proposes donors: a main subject or a scene on both sides at similarity >= the
+threshold, naming the same kind of thing, scenes agreeing. For each proposed donor a logistic model then reads
+what the two prompts share, from the entities and vectors the store already keeps (no extra encoder forward):
+
+  main_sim       best similarity of a request main subject and a donor main subject (same kind of thing)
+  scene_sim      best similarity of the two prompts' scenes
+  cross_sim      best similarity of a main subject on one side and a scene on the other
+  secondary_sim  best similarity of any pair in which one side is a secondary element
+  context_sim    the best borrowable pair read in context: each entity's vector plus half the mean vector of the
+                 other entities of its prompt ("bat" beside "cave" is not "batter" beside "pitch")
+  bag_sim        the mean vectors of all entities of the two prompts (a whole-prompt similarity)
+  scene_conflict both prompts name a scene and no pair of them reaches the threshold
+  same_head      the best pair has the same head noun; compound_differs: same head, another compound noun
+  generic_person the best pair is a person named only generically ("man playing guitar")
+  main_missing   the request names a main subject and no donor entity matches it (the match is only the scene);
+                 donor_main_missing the same for the donor's main subject; primary_missing and
+                 donor_primary_missing the same for the first main subject a prompt names (long prompts name
+                 several)
+  primary_best   best similarity of the request's first main subject to any donor entity, whatever its role
+                 (the donor may show it as a secondary element); donor_primary_best the same the other way
+  missing_x_length  main_missing times n_request: a scene-only match means less the longer the request (in
+                 long prose every clause names a place; in a short prompt the place may be the point)
+  n_request      the request's entity count (log), n_donor the donor's
+
+The weights, the features used and the acceptance threshold were fitted to labelled pairs and chosen by
+leave-one-style-out cross-validation (`python -m bench.fit_decision`, which writes data/decision.json).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..entities.roles import GENERIC_PEOPLE, MAIN, SCENE, SECONDARY
+
+DECISION_FILE = Path(__file__).resolve().parent / "data" / "decision.json"
+CONTEXT_WEIGHT = 0.5
+FEATURES = ("main_sim", "scene_sim", "cross_sim", "secondary_sim", "context_sim", "bag_sim", "scene_conflict",
+            "same_head", "compound_differs", "generic_person", "n_request", "n_donor", "main_missing",
+            "donor_main_missing", "primary_missing", "donor_primary_missing",
+            "primary_best", "donor_primary_best", "missing_x_length")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One prompt's entities (objects with text, kind, head, identity), their roles and identity vectors."""
+
+    entities: tuple[Any, ...]
+    roles: tuple[str, ...]
+    vectors: np.ndarray
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    n = float(np.linalg.norm(v))
+    return v / n if n > 1e-12 else v
+
+
+def _in_context(side: Side, i: int) -> np.ndarray:
+    """Entity i's vector with half the mean of its prompt's other entities added."""
+    others = [k for k in range(len(side.entities)) if k != i]
+    if not others:
+        return side.vectors[i]
+    return _unit(side.vectors[i] + CONTEXT_WEIGHT * side.vectors[others].mean(axis=0))
+
+
+def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
+    """The decision's inputs for one (request, donor) pair under `rule` (its threshold and identity test)."""
+    out = dict.fromkeys(FEATURES, 0.0)
+    n, m = len(request.entities), len(donor.entities)
+    out["n_request"], out["n_donor"] = math.log1p(n), math.log1p(m)
+    if not n or not m:
+        return out
+    sims = request.vectors @ donor.vectors.T
+    best: dict[str, tuple[float, int, int]] = {}
+    found = np.zeros((n, m), dtype=bool)  # pairs naming the same kind of thing at >= the threshold
+    same = np.full((n, m), -1.0)  # similarities of the pairs naming the same kind of thing
+    for i, q in enumerate(request.entities):
+        for j, d in enumerate(donor.entities):
+            s = float(sims[i, j])
+            if not rule.same_thing(q, d, s):
+                continue
+            found[i, j] = s >= rule.threshold
+            same[i, j] = s
+            a, b = request.roles[i], donor.roles[j]
+            key = ("main_sim" if a == b == MAIN else "scene_sim" if a == b == SCENE
+                   else "secondary_sim" if SECONDARY in (a, b) else "cross_sim")
+            if s > best.get(key, (-2.0, 0, 0))[0]:
+                best[key] = (s, i, j)
+    for key, (s, _, _) in best.items():
+        out[key] = s
+    here = [i for i, r in enumerate(request.roles) if r == SCENE]
+    there = [j for j, r in enumerate(donor.roles) if r == SCENE]
+    if here and there and float(sims[np.ix_(here, there)].max()) < rule.threshold:
+        out["scene_conflict"] = 1.0
+    top = max((best[k] for k in ("main_sim", "scene_sim") if k in best), default=None)
+    if top is not None:
+        _, i, j = top
+        out["context_sim"] = float(_in_context(request, i) @ _in_context(donor, j))
+        q, d = request.entities[i], donor.entities[j]
+        out["same_head"] = float(q.head == d.head)
+        out["compound_differs"] = float(q.head == d.head and q.identity != d.identity)
+        out["generic_person"] = float(q.head in GENERIC_PEOPLE)
+    mains = [i for i, r in enumerate(request.roles) if r == MAIN]
+    out["main_missing"] = float(bool(mains) and not found[mains].any())
+    theirs = [j for j, r in enumerate(donor.roles) if r == MAIN]
+    out["donor_main_missing"] = float(bool(theirs) and not found[:, theirs].any())
+    out["primary_missing"] = float(bool(mains) and not found[mains[0]].any())
+    out["donor_primary_missing"] = float(bool(theirs) and not found[:, theirs[0]].any())
+    out["primary_best"] = max(0.0, float(same[mains[0]].max())) if mains else 0.0
+    out["donor_primary_best"] = max(0.0, float(same[:, theirs[0]].max())) if theirs else 0.0
+    out["missing_x_length"] = out["main_missing"] * out["n_request"]
+    out["bag_sim"] = float(_unit(request.vectors.mean(axis=0)) @ _unit(donor.vectors.mean(axis=0)))
+    return out
+
+
+@dataclass(frozen=True)
+class DecisionModel:
+    """A logistic model over `features`: weights by feature name, bias, and the probability a hit needs."""
+
+    weights: dict[str, float]
+    bias: float
+    threshold: float
+    embedder: str = ""  # the embedder prefix the model was fitted with; other embedders skip the model
+
+    def __post_init__(self) -> None:
+        unknown = set(self.weights) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"decision model: unknown features {sorted(unknown)}; known: {FEATURES}")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"decision model: threshold must lie in [0, 1], got {self.threshold!r}")
+
+    def applies_to(self, embedder: str) -> bool:
+        """Whether vectors of this embedder are what the model was fitted on."""
+        return bool(self.embedder) and embedder.startswith(self.embedder)
+
+    def probability(self, values: dict[str, float]) -> float:
+        """The fitted probability that the donor shows the request's main subject or setting."""
+        z = self.bias + sum(w * values.get(name, 0.0) for name, w in self.weights.items())
+        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+    def to_json(self) -> dict[str, Any]:
+        """The model as the data file holds it."""
+        return {"weights": self.weights, "bias": self.bias, "threshold": self.threshold, "embedder": self.embedder}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "DecisionModel":
+        """Read the data file's form; ValueError naming what is wrong."""
+        try:
+            return cls({str(k): float(v) for k, v in data["weights"].items()}, float(data["bias"]),
+                       float(data["threshold"]), str(data.get("embedder", "")))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"decision model file is malformed: {exc!r}") from exc
+
+
+@lru_cache(maxsize=1)
+def default_decision() -> DecisionModel | None:
+    """The shipped model (data/decision.json), or None when the file is absent."""
+    if not DECISION_FILE.is_file():
+        return None
+    return DecisionModel.from_json(json.loads(DECISION_FILE.read_text(encoding="utf-8")))
+
+
+def side_of(entities: Sequence[Any], roles: Sequence[str], vectors: Any) -> Side:
+    """A `Side` from parallel sequences."""
+    array = np.asarray(vectors, dtype=np.float32)
+    return Side(tuple(entities), tuple(roles), array.reshape(len(entities), -1) if len(entities) else array)
+
+
+__all__ = ["CONTEXT_WEIGHT", "DecisionModel", "FEATURES", "Side", "default_decision", "features", "side_of"]
