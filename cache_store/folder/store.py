@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from filelock import FileLock, Timeout
 
 from .. import latents as lat
-from ..backend import StoreBase
+from ..backend import StoreBase, index_options
 from ..config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, StoreConfig
 from ..errors import CacheEntryError, CacheError
 from ..index.keeper import IndexKeeper
@@ -48,6 +48,7 @@ class CacheStore(StoreBase):
                  index_kwargs: Mapping[str, Any] | None = None) -> None:
         self.root = Path(root)
         self.config = config or StoreConfig()
+        options = index_options(self.config, index_kwargs)
         self.latent_dir = self.root / LATENT_DIR
         self.index_dir = self.root / INDEX_DIR
         self.latent_dir.mkdir(parents=True, exist_ok=True)
@@ -63,7 +64,7 @@ class CacheStore(StoreBase):
             with self.manifest.write() as cur:
                 recount_bytes(cur)
                 self._apply_settings(cur)
-            self.keeper = IndexKeeper(ManifestLog(self.manifest), self.index_dir, index_kwargs or {})
+            self.keeper = IndexKeeper(ManifestLog(self.manifest), self.index_dir, options)
             self.keeper.load()
             self._save_index_if_due(opening=True)
         for line in self.warnings:
