@@ -222,8 +222,9 @@ class CacheStore(StoreBase):
         return self.read_entry(entry), list(entry.sigmas)
 
     def touch(self, entry_id: int, count_hit: bool = True) -> None:
-        """Refresh an entry's recency (and its use count for LFU)."""
-        with self.manifest.write() as cur:
+        """Refresh an entry's recency (and its use count for LFU); not waiting for the disk (a power cut may
+        lose a hit's recency, nothing else)."""
+        with self.manifest.write(durable=False) as cur:
             tick = Manifest.bump(cur, "tick")
             cur.execute("UPDATE entries SET last_used=?, use_tick=?, hits=hits+? WHERE id=?",
                         (time.time(), tick, int(count_hit), entry_id))

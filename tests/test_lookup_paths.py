@@ -1,5 +1,6 @@
-"""The ranking's scene clause runs on a window of the best entries first: the candidates must be exactly those of the
-clause run on every entry, whether the window holds enough of them or not (on both backends)."""
+"""The lookup's fast paths: the ranking's scene clause runs on a window of the best entries first (the candidates must
+be exactly those of the clause run on every entry, on both backends), and a hit's recency is committed without
+waiting for the disk while every other write still waits."""
 from __future__ import annotations
 
 import random
@@ -9,6 +10,7 @@ import pytest
 
 from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.entities.extract import Entity
+from comfyui_chai.cache_store.folder.store import CacheStore
 from comfyui_chai.cache_store.lookup import ranking
 from comfyui_chai.cache_store.lookup.rule import HitRule
 from comfyui_chai.cache_store.types import EmbeddedEntities, shape_key
@@ -67,3 +69,21 @@ def test_windowed_scene_clause_picks_the_same_candidates(opener, monkeypatch, wi
                 checked += 1
                 short += len(got) < ranking.CANDIDATES
         assert checked >= 15 and short >= 1 and checked - short >= 1  # both the window and the fallback ran
+
+
+def test_recency_is_not_durable_but_entries_are(tmp_path):
+    with CacheStore(tmp_path / "c", StoreConfig(10**9)) as s:
+        conn = s.manifest.conn
+        first = s.insert("a dog", embedded(entity("dog", "main")), FP, latents(1), SIGMAS).entry_id
+        hit = s.lookup(embedded(entity("dog", "main")), FP, SHAPE, HitRule(THR))
+        assert hit.hit and hit.entry.hits == 1 and s.entry(first).hits == 1  # the touch was committed
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        s.touch(first)
+        touch, statements[:] = list(statements), []
+        s.insert("a cat", embedded(entity("cat", "main")), FP, latents(2), SIGMAS)
+        conn.set_trace_callback(None)
+        assert touch[0] == "PRAGMA synchronous=NORMAL" and touch[-1] == "PRAGMA synchronous=FULL"
+        assert "COMMIT" in touch and "COMMIT" in statements
+        assert not any("synchronous" in sql for sql in statements)  # the insert commits at FULL
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2 and s.entry(first).hits == 2
