@@ -1,7 +1,7 @@
 """What a storage backend is: the CacheBackend protocol the service, the nodes and the CLI use, and the StoreBase
 every backend builds on; what a backend hands the shared lookup is `lookup.source.LookupSource` (with the SQL
 contract of its `db`). A cache folder (folder/) and a PostgreSQL cache (postgres/) are the two backends; `open_store` picks
-one by location. Nothing here names files, SQLite or hnswlib.
+one by location. Nothing here names files or SQLite.
 """
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 from . import latents as lat
+from .config import StoreConfig
 from .errors import CacheEntryError, CacheError, InvalidEntryError
+from .index.ann import require_hnswlib
 from .index.keeper import IndexKeeper
 from .lookup.rule import HitRule
 from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
@@ -22,6 +24,18 @@ log = logging.getLogger(__name__)
 SAVE_INDEX_EVERY = 1000  # logged entity changes before this process persists the index again ...
 SAVE_INDEX_INTERVAL = 300.0  # ... but at most every 5 minutes: a save writes the whole index (~90 MB at 100k);
                              # a reopen replays whatever the change log recorded since the last save
+
+
+def index_options(config: StoreConfig, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The VectorIndex keywords of an opener: its config's index backend, then `extra` (tests, benches); a
+    CacheError naming the fix when that is "hnsw" and hnswlib is not installed."""
+    options = {"backend": config.index_backend, **(extra or {})}
+    if options["backend"] == "hnsw":
+        try:
+            require_hnswlib("this cache's settings")
+        except ValueError as exc:
+            raise CacheError(str(exc)) from None
+    return options
 
 
 @runtime_checkable

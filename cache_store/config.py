@@ -5,6 +5,9 @@ import math
 from dataclasses import dataclass
 
 POLICIES = ("lru", "lfu")
+# The entity index: "auto" searches exactly below a measured size and with hnswlib above it where hnswlib is
+# installed (an optional extra), "exact" always searches exactly, "hnsw" needs hnswlib.
+INDEX_BACKENDS = ("auto", "exact", "hnsw")
 GB = 10**9
 
 
@@ -30,11 +33,15 @@ class StoreConfig:
     `server_timeout_s` is this opener's own (a cache on a PostgreSQL server only): how long one statement, lock
     wait or connection attempt may take before a lookup becomes a miss and a write "not stored" (a frozen or
     partitioned server); None waits as long as the server takes (the CLI's maintenance commands).
+
+    `index_backend` is this opener's own too: how its process searches the entity index (INDEX_BACKENDS). The
+    index is derived state, so processes on one cache may differ; a persisted index either can read is reused.
     """
 
     budget_bytes: int | None = None
     policy: str | None = None
     server_timeout_s: float | None = DEFAULT_SERVER_TIMEOUT_S
+    index_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.budget_bytes is not None and (not isinstance(self.budget_bytes, int) or isinstance(
@@ -46,3 +53,5 @@ class StoreConfig:
         if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
                                     or not math.isfinite(timeout) or timeout <= 0):
             raise ValueError(f"server_timeout_s must be a positive number of seconds or None, got {timeout!r}")
+        if self.index_backend not in INDEX_BACKENDS:
+            raise ValueError(f"index_backend must be one of {INDEX_BACKENDS}, got {self.index_backend!r}")

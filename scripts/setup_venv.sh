@@ -14,8 +14,9 @@ stamp="$VENV/.chai-deps-$(cat requirements.txt scripts/setup_venv.sh | sha256sum
 if [ -f "$stamp" ]; then exit 0; fi
 pipi() { "$VENV/bin/python" -m pip install --quiet "$@" 2> >(grep -v 'is ignored: it is neither' >&2); }
 echo "[setup] installing dependencies into $VENV (first run: about 3 minutes; hnswlib compiles)" >&2
+# hnswlib is optional for users (the `ann` extra) but the tests run its path too, so it is installed here.
 # HNSWLIB_NO_NATIVE drops -march=native so the pip-cached wheel stays portable between machines.
-HNSWLIB_NO_NATIVE=1 pipi torch==2.13.0 -r requirements.txt pytest matplotlib psutil import-linter
+HNSWLIB_NO_NATIVE=1 pipi torch==2.13.0 -r requirements.txt 'hnswlib>=0.8.0' pytest matplotlib psutil import-linter
 # The static checks of .ci/run (scripts/check_static.sh), pinned so a new release cannot turn CI red by itself.
 pipi ruff==0.17.6 mypy==2.4.1
 # The PostgreSQL cache backend's driver (a render farm's shared cache; pyproject's optional "farm" extra): the

@@ -237,13 +237,21 @@ class Manifest:
                                        "not a number") from exc
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[sqlite3.Cursor]:
-        """A write transaction (BEGIN IMMEDIATE), committed on success and rolled back on error."""
+    def write(self, durable: bool = True) -> Iterator[sqlite3.Cursor]:
+        """A write transaction (BEGIN IMMEDIATE), committed on success and rolled back on error.
+
+        `durable=False` commits without waiting for the disk (synchronous=NORMAL for this one transaction): for
+        what a power cut may lose harmlessly, such as a hit's recency. The manifest stays consistent either way,
+        and the next durable commit carries it to disk too.
+        """
         with self._lock:
             try:
+                if not durable:
+                    self.conn.execute("PRAGMA synchronous=NORMAL")
                 cur = self.conn.cursor()
                 cur.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
+                self._durable_again(durable)
                 raise ManifestError(advice(exc)) from exc
             try:
                 yield cur
@@ -257,6 +265,16 @@ class Manifest:
                 if isinstance(exc, sqlite3.Error):
                     raise ManifestError(advice(exc)) from exc
                 raise
+            finally:
+                self._durable_again(durable)
+
+    def _durable_again(self, durable: bool) -> None:
+        """Back to synchronous=FULL after a transaction that was not durable."""
+        if not durable:
+            try:
+                self.conn.execute("PRAGMA synchronous=FULL")
+            except sqlite3.Error:
+                pass
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Cursor]:

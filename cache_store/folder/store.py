@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 from filelock import FileLock, Timeout
 
 from .. import latents as lat
-from ..backend import StoreBase
+from ..backend import StoreBase, index_options
 from ..config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, StoreConfig
 from ..errors import CacheEntryError, CacheError
 from ..index.keeper import IndexKeeper
@@ -48,6 +48,7 @@ class CacheStore(StoreBase):
                  index_kwargs: Mapping[str, Any] | None = None) -> None:
         self.root = Path(root)
         self.config = config or StoreConfig()
+        options = index_options(self.config, index_kwargs)
         self.latent_dir = self.root / LATENT_DIR
         self.index_dir = self.root / INDEX_DIR
         self.latent_dir.mkdir(parents=True, exist_ok=True)
@@ -63,7 +64,7 @@ class CacheStore(StoreBase):
             with self.manifest.write() as cur:
                 recount_bytes(cur)
                 self._apply_settings(cur)
-            self.keeper = IndexKeeper(ManifestLog(self.manifest), self.index_dir, index_kwargs or {})
+            self.keeper = IndexKeeper(ManifestLog(self.manifest), self.index_dir, options)
             self.keeper.load()
             self._save_index_if_due(opening=True)
         for line in self.warnings:
@@ -221,8 +222,9 @@ class CacheStore(StoreBase):
         return self.read_entry(entry), list(entry.sigmas)
 
     def touch(self, entry_id: int, count_hit: bool = True) -> None:
-        """Refresh an entry's recency (and its use count for LFU)."""
-        with self.manifest.write() as cur:
+        """Refresh an entry's recency (and its use count for LFU); not waiting for the disk (a power cut may
+        lose a hit's recency, nothing else)."""
+        with self.manifest.write(durable=False) as cur:
             tick = Manifest.bump(cur, "tick")
             cur.execute("UPDATE entries SET last_used=?, use_tick=?, hits=hits+? WHERE id=?",
                         (time.time(), tick, int(count_hit), entry_id))

@@ -1,4 +1,5 @@
-"""Cosine vector index over distinct entity vectors: exact numpy search while small, hnswlib once large.
+"""Cosine vector index over distinct entity vectors: exact numpy search while small (or while hnswlib is not
+installed: it is optional), hnswlib once large.
 
 Labels are non-negative int64 entity ids. Similarities are cosines in [-1, 1], sorted descending. Query results
 always have shape (m, k); slots past the available matches hold label -1 and similarity -inf (an empty index
@@ -17,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ..config import INDEX_BACKENDS
+from . import ann
 from .backends import _as_labels, _as_unit_rows, _Exact, _Hnsw, _last_occurrence
 from .file import (FORMAT_NAME, FORMAT_VERSION, IndexLoadError, _labels_section, _load_exact, _load_hnsw,
                    _read_container, _temp_path, _write_container)
@@ -31,12 +34,12 @@ DEFAULT_EF_CONSTRUCTION = 200
 # not rebuild the index back and forth.
 SHRINK_FRACTION = 0.5
 
-BACKENDS = ("auto", "exact", "hnsw")
+BACKENDS = INDEX_BACKENDS  # "auto": exact below hnsw_min_size, hnsw above when hnswlib is installed
 
 
 class VectorIndex:
     """Cosine index over distinct entity vectors, labels are int64 entity ids; exact numpy below a measured size,
-    hnswlib above."""
+    hnswlib above (where it is installed)."""
 
     def __init__(self, dim: int, *, hnsw_min_size: int = HNSW_MIN_SIZE, ef: int = DEFAULT_EF, M: int = DEFAULT_M,
                  backend: str = "auto", ef_construction: int = DEFAULT_EF_CONSTRUCTION, num_threads: int = -1) -> None:
@@ -54,6 +57,8 @@ class VectorIndex:
             raise ValueError(f"ef_construction must be a positive int, got {ef_construction!r}")
         if not isinstance(num_threads, int) or num_threads == 0 or num_threads < -1:
             raise ValueError(f"num_threads must be -1 (all cores) or a positive int, got {num_threads!r}")
+        if backend == "hnsw":
+            ann.require_hnswlib("VectorIndex")
         self.dim = dim
         self.mode = backend
         self.hnsw_min_size = hnsw_min_size
@@ -126,7 +131,10 @@ class VectorIndex:
                 n_new = sum(1 for lab in labs.tolist() if lab not in self._impl)
                 if len(self._impl) + n_new >= self.hnsw_min_size:
                     self._impl.add(labs, vecs)
-                    self._switch_to_hnsw()
+                    if ann.hnswlib_available():
+                        self._switch_to_hnsw()
+                    else:
+                        ann.note_exact_only(len(self._impl))
                     return
             self._impl.add(labs, vecs)
 
@@ -193,7 +201,10 @@ class VectorIndex:
                 self._switch_to_exact()
         elif self.mode == "hnsw" or (self.mode == "auto" and n >= self.hnsw_min_size):
             if isinstance(self._impl, _Exact):
-                self._switch_to_hnsw()
+                if self.mode == "hnsw" or ann.hnswlib_available():
+                    self._switch_to_hnsw()
+                else:
+                    ann.note_exact_only(n)
 
     # -- persistence ---------------------------------------------------------------------------------------------
     def save(self, path: Path) -> None:
@@ -256,6 +267,9 @@ class VectorIndex:
             labs = _labels_section(f, sections[0], count, path)
             if kind == "exact":
                 idx._impl = _load_exact(f, sections[1], labs, dim, path)
+            elif not ann.hnswlib_available():
+                raise IndexLoadError(f"vector index {path} is an hnswlib graph and hnswlib is not installed here "
+                                     "(the index is rebuilt for exact search)")
             else:
                 idx._impl = _load_hnsw(f, sections[1], header, labs, idx, path)
         idx._rebalance()

@@ -14,6 +14,7 @@ from .rule import HitRule, matched_role
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
 DECIDED_SPARES = 2       # proposed entries the decision accepts before it stops asking
+SCENE_WINDOW = 64        # best entries the scene clause is tried on before it runs on all of them
 
 
 @dataclass(frozen=True)
@@ -69,13 +70,24 @@ def rank(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str,
     where, where_params = rule.scenes_sql(scenes)
     # The join is pinned to matched entities -> their postings in this group (one range scan each): SQLite's
     # CROSS JOIN; PostgreSQL plans that order by itself and spells it JOIN.
-    sql = (f"WITH m(q, eid, sim) AS (VALUES {values}), "
-           "best AS (SELECT p.entry_id AS entry_id, m.q AS q, MAX(m.sim) AS sim "
-           f"FROM m {manifest.PINNED_JOIN} postings p ON p.group_id = ? AND p.entity_id = m.eid "
-           f"AND {roles} GROUP BY p.entry_id, m.q) "
-           f"SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best {where}GROUP BY entry_id "
-           "ORDER BY n DESC, s DESC, entry_id DESC LIMIT ?")
-    rows = manifest.query(sql, params + [group[0][0], *role_params, *where_params, CANDIDATES])
+    best = (f"WITH m(q, eid, sim) AS (VALUES {values}), "
+            "best AS (SELECT p.entry_id AS entry_id, m.q AS q, MAX(m.sim) AS sim "
+            f"FROM m {manifest.PINNED_JOIN} postings p ON p.group_id = ? AND p.entity_id = m.eid "
+            f"AND {roles} GROUP BY p.entry_id, m.q)")
+    head = params + [group[0][0], *role_params]
+    order = "ORDER BY n DESC, s DESC, entry_id DESC"
+    if where:
+        # The scene clause costs two subqueries per entry: run it on the SCENE_WINDOW best entries first (the same
+        # order, so the first CANDIDATES that pass there are the first that pass at all), and on every entry only
+        # when fewer pass in that window (a miss by scene, or a small cache).
+        rows = manifest.query(
+            f"{best}, ranked AS (SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best GROUP BY entry_id {order} "
+            f"LIMIT ?) SELECT entry_id, n, s FROM ranked AS best {where}{order} LIMIT ?",  # the clause names `best`
+            head + [SCENE_WINDOW, *where_params, CANDIDATES])
+        if len(rows) == CANDIDATES:
+            return [r[0] for r in rows]
+    sql = f"{best} SELECT entry_id, COUNT(*) AS n, SUM(sim) AS s FROM best {where}GROUP BY entry_id {order} LIMIT ?"
+    rows = manifest.query(sql, head + [*where_params, CANDIDATES])
     return [r[0] for r in rows]
 
 

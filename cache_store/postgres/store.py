@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 from filelock import FileLock, Timeout
 
 from .. import latents as lat
-from ..backend import StoreBase
+from ..backend import StoreBase, index_options
 from ..config import StoreConfig
 from ..errors import CacheEntryError, CacheError, CacheUnavailableError
 from ..index.keeper import IndexKeeper
@@ -51,11 +51,11 @@ class PgCacheStore(StoreBase):
         self.server = server
         self.name = validate_cache_name(name)
         self.config = config or StoreConfig()
+        self._index_kwargs = index_options(self.config, index_kwargs)
         self.schema = pg_schema.schema_name(self.name)
         self.root = f"{server.label}/{self.name}"  # what reports print (no password, no options)
         self.db = PgDb(server, self.schema, self.config.server_timeout_s)
         self._index_root = Path(index_root) if index_root is not None else Path.home() / ".cache" / "chai-cache"
-        self._index_kwargs = dict(index_kwargs or {})
         self.keeper: IndexKeeper = None  # type: ignore[assignment]  # set by _open
         self.warnings: list[str] = []
         try:

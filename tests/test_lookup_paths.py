@@ -1,0 +1,89 @@
+"""The lookup's fast paths: the ranking's scene clause runs on a window of the best entries first (the candidates must
+be exactly those of the clause run on every entry, on both backends), and a hit's recency is committed without
+waiting for the disk while every other write still waits."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from comfyui_chai.cache_store.config import StoreConfig
+from comfyui_chai.cache_store.entities.extract import Entity
+from comfyui_chai.cache_store.folder.store import CacheStore
+from comfyui_chai.cache_store.lookup import ranking
+from comfyui_chai.cache_store.lookup.rule import HitRule
+from comfyui_chai.cache_store.types import EmbeddedEntities, shape_key
+from store_helpers import EMBEDDER, SIGMAS, latents, vector
+
+FP, SHAPE, THR = "model-a", (1, 4, 2, 4, 4), 0.8
+PLACES = ["beach", "forest", "desert", "city", "snow"]
+SUBJECTS = ["dog", "red dog", "small dog", "cat", "old cat"]
+
+
+def embedded(*entities: Entity) -> EmbeddedEntities:
+    return EmbeddedEntities(entities, np.stack([vector(e.text) for e in entities]), EMBEDDER)
+
+
+def entity(text: str, role: str) -> Entity:
+    kind = "scene" if role == "scene" else "object"
+    return Entity(text, kind, text.split()[-1], role)
+
+
+def everywhere(db, matched, rule, scenes):
+    """The reference: the whole ranking query with the scene clause over every entry (the window bypassed)."""
+    saved = ranking.SCENE_WINDOW
+    ranking.SCENE_WINDOW = 10**9
+    try:
+        return ranking.rank(db, matched, FP, shape_key(SHAPE), rule, scenes)
+    finally:
+        ranking.SCENE_WINDOW = saved
+
+
+@pytest.mark.parametrize("window", [1, 3, 64])
+def test_windowed_scene_clause_picks_the_same_candidates(opener, monkeypatch, window):
+    rng = random.Random(window)
+    with opener("c", StoreConfig(10**9)) as s:
+        for i in range(40):
+            ents = [entity(rng.choice(SUBJECTS), "main")]
+            if rng.random() < 0.8:
+                ents.append(entity(rng.choice(PLACES), "scene"))
+            if rng.random() < 0.3:
+                ents.append(entity(rng.choice([x for x in SUBJECTS if x != ents[0].text]), "secondary"))
+            s.insert(f"p{i}", embedded(*ents), FP, latents(i), SIGMAS)
+        monkeypatch.setattr(ranking, "SCENE_WINDOW", window)
+        rule = HitRule(THR)
+        checked = short = 0
+        for subject in SUBJECTS:
+            for place in PLACES + [None]:
+                request = embedded(entity(subject, "main"), *([entity(place, "scene")] if place else []))
+                labels, sims = s.keeper.query(request.vectors, ranking.NEIGHBOURS)
+                matched = [(q, int(lab), float(sim)) for q in range(len(request))
+                           for lab, sim in zip(labels[q], sims[q]) if lab >= 0 and sim >= THR]
+                carried = ranking.borrowable(s.db, request, matched, rule)
+                scenes = ranking.agreeing_scenes(request, matched)
+                if not carried or scenes is None:
+                    continue
+                got = ranking.rank(s.db, carried, FP, shape_key(SHAPE), rule, scenes)
+                assert got == everywhere(s.db, carried, rule, scenes)
+                checked += 1
+                short += len(got) < ranking.CANDIDATES
+        assert checked >= 15 and short >= 1 and checked - short >= 1  # both the window and the fallback ran
+
+
+def test_recency_is_not_durable_but_entries_are(tmp_path):
+    with CacheStore(tmp_path / "c", StoreConfig(10**9)) as s:
+        conn = s.manifest.conn
+        first = s.insert("a dog", embedded(entity("dog", "main")), FP, latents(1), SIGMAS).entry_id
+        hit = s.lookup(embedded(entity("dog", "main")), FP, SHAPE, HitRule(THR))
+        assert hit.hit and hit.entry.hits == 1 and s.entry(first).hits == 1  # the touch was committed
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        s.touch(first)
+        touch, statements[:] = list(statements), []
+        s.insert("a cat", embedded(entity("cat", "main")), FP, latents(2), SIGMAS)
+        conn.set_trace_callback(None)
+        assert touch[0] == "PRAGMA synchronous=NORMAL" and touch[-1] == "PRAGMA synchronous=FULL"
+        assert "COMMIT" in touch and "COMMIT" in statements
+        assert not any("synchronous" in sql for sql in statements)  # the insert commits at FULL
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2 and s.entry(first).hits == 2
