@@ -156,11 +156,13 @@ def label_index(data: Path = DATA) -> dict[tuple[str, str], int]:
     out = {(p.request, p.donor): p.label for p in load_pairs(data)}
     if data == DATA and (STYLE_DATA / "pairs.jsonl").is_file():
         out.update({(p.request, p.donor): p.label for p in load_pairs(STYLE_DATA)})
-    replay = data / "replay_pairs.jsonl"
-    if replay.is_file():
+    for folder in (data, STYLE_DATA) if data == DATA else (data,):
+        replay = folder / "replay_pairs.jsonl"
+        if not replay.is_file():
+            continue
         votes: dict[str, list[int]] = {}
         for pattern in ("replay_labels_a.jsonl", "replay_labels_b.jsonl", "replay_labels_c.jsonl"):
-            for path in data.glob(pattern):
+            for path in folder.glob(pattern):
                 for row in _jsonl(path):
                     votes.setdefault(row["id"], []).append(int(row["label"]))
         for row in _jsonl(replay):
