@@ -21,7 +21,7 @@ from .canvas import show
 from .errors import user_errors
 from .schedule_inputs import (SAMPLERS, SCHEDULERS, chai_plan_inputs, reuse_inputs, schedule_inputs,
                               validate_steps)
-from .sockets import CATEGORY, CHAI_APPLIED, CHAI_TRACE
+from .sockets import CATEGORY, CHAI_APPLIED, CHAI_CACHE, CHAI_ENTITIES, CHAI_TRACE
 from .widgets import combo
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,8 @@ class Apply(io.ComfyNode):
                         "cache steps; otherwise the MODEL captures the donor latents of a full_steps run. Give "
                         "the sampler its MODEL, LATENT and SIGMAS (SamplerCustomAdvanced) or its steps and "
                         "start_at_step (KSamplerAdvanced, same sampler and scheduler as here); put CHAI Apply "
-                        "Trace after the sampler, then CHAI Cache Write.",
+                        "Trace after the sampler, then CHAI Cache Write, or connect cache and entities here and "
+                        "the MODEL stores the run itself when the sampler finishes.",
             inputs=[
                 io.Model.Input("model", tooltip=f"The video model the sampler uses, of a supported family "
                                                 f"({'; '.join(supported_families())}); for Wan 2.2 A14B the "
@@ -63,6 +64,13 @@ class Apply(io.ComfyNode):
                                               "(not supported) is refused before sampling."),
                 *reuse_inputs(" A restart hit gives the sampler its LATENT and start_at_step; a sampler given "
                               "only SIGMAS or steps (a graph saved before restarts) is started there too."),
+                CHAI_CACHE.Input("cache", optional=True,
+                                 tooltip="Optional, with entities: the lookup's cache. The MODEL then stores the "
+                                         "run in it as soon as the sampler finishes, so no CHAI Apply Trace or "
+                                         "Cache Write is needed (one node between loader and sampler). Not for "
+                                         "the Wan 2.2 two-sampler graph (model_2)."),
+                CHAI_ENTITIES.Input("entities", optional=True,
+                                    tooltip="Optional, with cache: the lookup's entities, stored with the run."),
             ],
             outputs=[
                 io.Model.Output("patched_model", display_name="MODEL",
@@ -96,14 +104,18 @@ class Apply(io.ComfyNode):
     def execute(cls, model: Any, latent: dict, sampler_name: str, scheduler: str, full_steps: int, fast_steps: int,
                 cache_steps: str, kv_mode: str, apply_to: str, hit: CacheHit | None = None, model_2: Any = None,
                 boundary: float = WAN22_BOUNDARY, positive: Any = None, reuse: str = DEFAULT_REUSE,
-                restart_sigma: float = DEFAULT_RESTART_SIGMA) -> io.NodeOutput:
+                restart_sigma: float = DEFAULT_RESTART_SIGMA, cache: Any = None,
+                entities: Any = None) -> io.NodeOutput:
         node = "CHAI Apply"
         with user_errors(node):
+            if (cache is None) != (entities is None):
+                raise ValueError("connect both cache and entities (the lookup's) for CHAI Apply to store the run "
+                                 "itself, or neither (then CHAI Apply Trace and CHAI Cache Write store it)")
             config, schedule = chai_plan_inputs(model, latent, sampler_name, scheduler, full_steps, fast_steps,
                                                 cache_steps, kv_mode, apply_to, reuse, restart_sigma)
             patched, applied = chai_apply(model, latent, config=config, schedule=schedule, sampler_name=sampler_name,
                                           scheduler=scheduler, hit=hit, model_2=model_2, positive=positive,
-                                          boundary=boundary)
+                                          boundary=boundary, store=None if cache is None else (cache, entities))
         report = apply_report(applied)
         status = f"{'HIT' if applied.plan.hit else 'MISS'} · {applied.steps} steps"
         start = applied.start_latent if applied.start_latent is not None else latent
@@ -128,6 +140,9 @@ def apply_report(applied: AppliedRun) -> str:
         lines.append(f"capturing donor latents at full-schedule steps "
                      f"{', '.join(str(i + 1) for i in applied.plan.full_capture().indices) or 'final'}")
     lines.append(f"switch_step {applied.switch_step} (Wan 2.2 A14B two-sampler graphs)")
+    if applied.store is not None:
+        lines.append("the MODEL stores the run in the cache when the sampler finishes (ComfyUI's log says what "
+                     "it stored)")
     return "\n".join(lines)
 
 

@@ -546,6 +546,8 @@ def chai_subgraph() -> ui_graph.Subgraph:
     sub.link(cache, 0, lookup, "cache")
     sub.link(ents, 0, lookup, "entities")
     sub.link(lookup, 0, apply, "hit")
+    sub.link(cache, 0, apply, "cache")  # the MODEL stores the run itself when the sampler finishes
+    sub.link(ents, 0, apply, "entities")
     for name, kind, (src, slot) in (("MODEL", "MODEL", (apply, 0)), ("LATENT", "LATENT", (apply, 6)),
                                     ("steps", "INT", (apply, 2)), ("start_at_step", "INT", (apply, 7)),
                                     ("SIGMAS", "SIGMAS", (apply, 1)), ("chai", "CHAI_APPLIED", (apply, 4)),
@@ -578,17 +580,18 @@ BLUEPRINTS = {"CHAI": (chai_subgraph, BLUEPRINT_WIDGETS), "CHAI Store": (chai_st
 
 
 def toy_one_node() -> UIGraph:
-    """The toy world through the two CHAI subgraph nodes around an ordinary KSamplerAdvanced."""
+    """The toy world through the one CHAI subgraph node in front of an ordinary KSamplerAdvanced."""
     g = UIGraph("chai_toy_one_node")
     g.note((-460, 40), "## One CHAI node (toy world, any CPU)\n\n**CHAI** sits between the model loader and the "
                        "sampler, as TeaCache or EasyCache do: it looks the prompt's entities up in the cache and "
                        "gives the sampler a patched MODEL, its steps (30 on a miss, 8 on a hit), start_at_step and "
-                       "LATENT (a hit restarts from the donor's latent). **CHAI Store** after the sampler stores "
-                       "the run for later hits. Both are subgraphs: double-click to see the CHAI nodes inside.\n\n"
-                       "In your own graph: connect MODEL -> model, steps, start_at_step and LATENT -> "
-                       "latent_image of a KSamplerAdvanced (add_noise enabled), set sampler_name and scheduler "
-                       "on CHAI to your sampler's, and feed CHAI Store chai, cache, entities and the sampler's "
-                       "LATENT. Queue this prompt (a miss), then one sharing an entity (a hit).",
+                       "LATENT (a hit restarts from the donor's latent); the MODEL stores the run in the cache "
+                       "when the sampler finishes. It is a subgraph: double-click to see the CHAI nodes "
+                       "inside.\n\nIn your own graph: connect MODEL -> model, steps, start_at_step and LATENT -> "
+                       "latent_image of a KSamplerAdvanced (add_noise enabled) and set sampler_name and scheduler "
+                       "on CHAI to your sampler's. (The **CHAI Store** blueprint, Apply Trace, Cache Write and "
+                       "Stats, is for graphs whose run another sampler finishes, such as Wan 2.2's two experts.) "
+                       "Queue this prompt (a miss), then one sharing an entity (a hit).",
            size=(440, 520))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [TOY_PROMPT], title="Prompt", size=(380, 160))
     model = g.node("CHAI_OpenSoraModelLoader", (0, 240), ["toyworld_stdit3.safetensors", "default"])
@@ -605,10 +608,6 @@ def toy_one_node() -> UIGraph:
     for name, (src, slot) in (("model", (chai, 0)), ("positive", (text, 0)), ("negative", (text, 1)),
                               ("latent_image", (chai, 1)), ("steps", (chai, 2)), ("start_at_step", (chai, 3))):
         g.link(src, slot, ks, name)
-    store = g.subgraph_node(chai_store_subgraph(), (1240, 40), [], size=(300, 160))
-    for name, (src, slot) in (("chai", (chai, 5)), ("samples", (ks, 0)), ("cache", (chai, 6)),
-                              ("entities", (chai, 7))):
-        g.link(src, slot, store, name)
     decode = g.node("CHAI_ToyDecode", (1240, 260), [8], size=(300, 100))
     g.link(ks, 0, decode, "samples")
     video = g.node("CreateVideo", (1240, 420), [8.0], size=(300, 100))

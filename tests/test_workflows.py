@@ -100,6 +100,8 @@ def test_links_are_well_typed_and_every_required_socket_is_connected(name):
                 assert node["type"] in CHAI_IDS, node["type"]  # only released ids
             spec = SPEC_DOC[node["type"]]
             optional_sockets = {"hit", "clip", "audio", "model_2", "positive", "start_image"}
+            if node["type"] == "CHAI_Apply":
+                optional_sockets |= {"cache", "entities"}  # CHAI Apply stores the run itself when given them
             for input_name, kind in spec["inputs"]:
                 if kind in WIDGET_TYPES or input_name in optional_sockets:
                     continue

@@ -9,7 +9,9 @@ the full schedule. The sampler node samples
 the schedule `chai_apply` returns (SIGMAS, or its step count for KSampler-style nodes); KSamplerAdvanced step
 ranges and two-expert graphs work because steps are matched by sigma. An OUTER_SAMPLE wrapper starts the record
 afresh whenever a sampling begins at the schedule's first sigma (a re-queued graph re-uses the patched MODEL) and
-times the sampling. `AppliedRun.trace` turns the record into the CHAI_TRACE that CHAI Cache Write stores.
+times the sampling. `AppliedRun.trace` turns the record into the CHAI_TRACE that CHAI Cache Write stores; with a
+cache and the prompt's entities (`store`), the wrapper stores it itself when a sampling ends at sigma 0, so one node
+between loader and sampler does the whole request.
 ComfyUI glue: imports ComfyUI inside functions only.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from ..cache_io import write_trace
 from ..config import ChaiConfig
 from ..constants import CACHE_ATTENTION, WAN22_BOUNDARY
 from ..payloads import CacheHit, SampleTrace
@@ -60,6 +63,9 @@ class AppliedRun:
     seconds: float = 0.0  # time inside the sampler nodes' sampling, summed
     samplings: int = 0
     problems: list[str] = field(default_factory=list)
+    store: tuple[Any, Any] | None = None  # (cache, entities): store the run when a sampling ends at sigma 0
+    stored: str = ""  # what that store did, once it ran ('' before)
+    _stored_trace: SampleTrace | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -91,6 +97,7 @@ class AppliedRun:
             if fresh:
                 self.seconds, self.samplings = 0.0, 0
                 self.problems.clear()
+                self.stored = ""
                 if self.capture is not None:
                     self.capture.reset()
                 if self.plan.run is not None:
@@ -144,8 +151,31 @@ class AppliedRun:
         with self._lock:
             self.seconds += seconds
 
+    def store_now(self, samples: Any) -> None:
+        """Store the finished run (`store` set): what CHAI Apply Trace and CHAI Cache Write would do, never raising
+        (the sampler's result must reach the graph whatever the cache does)."""
+        if self.store is None or self.stored:
+            return
+        cache, entities = self.store
+        try:
+            trace = self._trace(samples if isinstance(samples, Tensor) else None)
+            written = write_trace(cache, entities, trace)
+            self.stored, self._stored_trace = written.line, trace
+        except Exception as exc:  # noqa: BLE001 - a cache that cannot take the entry must not lose the video
+            self.stored = f"not stored: {exc}"
+            log.warning("[CHAI] apply: the run was not stored: %s", exc)
+        log.info("[CHAI] apply stored the run: %s", self.stored)
+
     def trace(self, samples: Tensor | None = None) -> SampleTrace:
         """The CHAI_TRACE of what sampled so far; `samples` (the final latent) serves the final_clean mapping."""
+        if self.stored and self._stored_trace is not None:  # stored by the MODEL: a Cache Write must not store it again
+            self.plan.report.write = f"stored by CHAI Apply when the sampler finished: {self.stored}"
+            return replace(self._stored_trace, donors=None,
+                           capture_problem="CHAI Apply already stored this run when its sampler finished")
+        return self._trace(samples)
+
+    def _trace(self, samples: Tensor | None) -> SampleTrace:
+        """The trace itself (see `trace`)."""
         plan, report = self.plan, self.plan.report
         donors, problem = None, ""
         if self.capture is not None:
@@ -191,9 +221,12 @@ class SamplingMonitor:
             self.applied.started(sigmas, noise, latent_image)
         start = time.perf_counter()
         try:
-            return executor(*args, **kwargs)
+            out = executor(*args, **kwargs)
         finally:
             self.applied.add_time(time.perf_counter() - start)
+        if isinstance(sigmas, Tensor) and sigmas.numel() and float(sigmas.reshape(-1)[-1]) == 0.0:
+            self.applied.store_now(out)  # a sampling that ran to the end (not a first expert's share)
+        return out
 
 
 def switch_step(sigmas: tuple[float, ...], boundary: float) -> int:
@@ -219,7 +252,8 @@ def check_before_switch(plan: RequestPlan, switch: int, boundary: float) -> None
 
 def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, schedule: Schedule,
                sampler_name: str, scheduler: str, hit: CacheHit | None = None, model_2: Any = None,
-               positive: Sequence[Any] | None = None, boundary: float = WAN22_BOUNDARY) -> tuple[Any, AppliedRun]:
+               positive: Sequence[Any] | None = None, boundary: float = WAN22_BOUNDARY,
+               store: tuple[Any, Any] | None = None) -> tuple[Any, AppliedRun]:
     """(the patched MODEL clone, its AppliedRun).
 
     positive: the CONDITIONING the sampler gets that CHAI Apply was given: its image (image-to-video) is part of
@@ -227,9 +261,16 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
 
     model_2: `model` is the high-noise expert of a pair that switches below sigma `boundary` (Wan 2.2 A14B); only
     `model` is patched, so every cache step (hit) or captured step (miss) must lie before the switch.
+
+    store: (cache, the prompt's PromptEntities): the MODEL stores the run itself when a sampling ends at sigma 0
+    (not with model_2: the second expert's sampler, which CHAI does not patch, finishes that run).
     """
     import comfy.patcher_extension
 
+    if store is not None and model_2 is not None:
+        raise ValueError("CHAI Apply cannot store a two-expert run itself (the low-noise expert's sampler finishes "
+                         "it): leave cache and entities unconnected and put CHAI Apply Trace and CHAI Cache Write "
+                         "after the second sampler")
     if model_2 is not None and config.reuse != CACHE_ATTENTION:
         # In the two-sampler graph a restart below the experts' boundary would start on the second sampler, which
         # CHAI Apply does not drive; CHAI Sampler with model_2 restarts such a pair.
@@ -243,7 +284,7 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
     if model_2 is not None:
         check_before_switch(plan, switch, boundary)
     applied = AppliedRun(plan, hit, prepared.fingerprint, prepared.shape, config, sampler_name, scheduler,
-                         prepared.capture, switch, model.model.process_latent_in)
+                         prepared.capture, switch, model.model.process_latent_in, store=store)
     if plan.restart is not None:
         applied.start_latent = {**latent, "samples": restart_latent(model, plan.restart.origin,
                                                                     prepared_latent(model, latent))}

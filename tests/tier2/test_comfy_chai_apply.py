@@ -32,7 +32,7 @@ CAPTURED: dict[str, dict[str, Any]] = {}
 _Capture = capture_node(CAPTURED, {
     "latent": ("LATENT",), "model": ("MODEL",), "trace": ("CHAI_TRACE",), "chai": ("CHAI_APPLIED",),
     "text": ("STRING", {"forceInput": True}), "positive": ("CONDITIONING",), "negative": ("CONDITIONING",),
-    "sigmas": ("SIGMAS",), "steps": ("INT", {"forceInput": True}),
+    "sigmas": ("SIGMAS",), "steps": ("INT", {"forceInput": True}), "cache": ("CHAI_CACHE",),
 })
 
 
@@ -181,7 +181,8 @@ def test_apply_nodes_appear_with_tooltips_and_their_sockets(comfy, env):
     assert tuple(apply.RETURN_TYPES) == ("MODEL", "SIGMAS", "INT", "INT", "CHAI_APPLIED", "STRING", "LATENT", "INT")
     inputs = apply.INPUT_TYPES()
     assert list(inputs["required"])[:2] == ["model", "latent"]
-    assert list(inputs["optional"]) == ["hit", "model_2", "boundary", "positive", "reuse", "restart_sigma"]
+    assert list(inputs["optional"]) == ["hit", "model_2", "boundary", "positive", "reuse", "restart_sigma", "cache",
+                                        "entities"]
     for spec in {**inputs["required"], **inputs["optional"]}.values():
         assert len(spec[1].get("tooltip", "")) > 20
     assert tuple(trace.RETURN_TYPES) == ("CHAI_TRACE", "STRING")
@@ -470,3 +471,46 @@ def test_a_compiled_model_under_chai_gives_the_uncompiled_videos_miss_restart_an
     assert traces[("attention", True)].fired_steps == (2, 3, 4)  # Cache Attention fired inside the compiled model
     for name in ("miss", "restart", "attention"):
         torch.testing.assert_close(videos[(name, True)], videos[(name, False)], atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- CHAI Apply stores
+
+def self_storing(graph: dict) -> dict:
+    """CHAI Apply given the lookup's cache and entities: its MODEL stores the run when the sampler finishes."""
+    ksampler_advanced(graph)
+    graph["apply"]["inputs"].update(cache=["cache", 0], entities=["ents", 0])
+    graph["cap_cache"] = {"class_type": "CHAI_Test_ApplyCapture", "inputs": {"key": "store:cache",
+                                                                            "cache": ["cache", 0]}}
+    return graph
+
+
+def test_chai_apply_with_cache_and_entities_stores_the_run_itself_and_cache_write_does_not_store_it_twice(comfy, env):
+    cache = "t2-apply-self-store"
+    run_ok(comfy, self_storing(base_graph(cache, DOG_BEACH, "st0")))
+    miss = CAPTURED["st0"]
+    assert miss["chai"].stored.startswith("stored entry "), miss["chai"].stored
+    assert torch.equal(miss["latent"]["samples"], plain(miss, 30))  # storing changes nothing in the video
+    entries = CAPTURED["store:cache"]["cache"].store.entries()
+    assert [e.prompt for e in entries] == [DOG_BEACH]
+    # the Cache Write the graph still has reports that the MODEL stored it already
+    assert "already stored this run" in CAPTURED["st0:write"]["text"], CAPTURED["st0:write"]["text"]
+    assert "stored by CHAI Apply" in miss["trace"].report.write
+    # the next request sharing the scene hits that entry, as with Cache Write
+    run_ok(comfy, self_storing(base_graph(cache, DOG_SLEEPS, "st1")))
+    hit = CAPTURED["st1"]
+    assert hit["trace"].mode == "fast" and hit["trace"].donor_entry == entries[0].id
+    assert len(CAPTURED["store:cache"]["cache"].store.entries()) == 1
+
+
+@pytest.mark.parametrize("wiring", ["cache only", "two experts"])
+def test_chai_apply_refuses_half_the_store_wiring_and_a_two_expert_store(comfy, env, wiring):
+    graph = self_storing(base_graph("t2-apply-self-store-bad", DOG_BEACH, "stbad"))
+    if wiring == "cache only":
+        graph["apply"]["inputs"].pop("entities")
+        want = "connect both cache and entities"
+    else:
+        graph["apply"]["inputs"]["model_2"] = ["shift", 0]
+        want = "cannot store a two-expert run itself"
+    result = comfy.run(graph)
+    assert result.valid and not result.success and result.error["node_id"] == "apply"
+    assert want in result.error["exception_message"], result.error["exception_message"]

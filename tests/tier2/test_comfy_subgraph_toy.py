@@ -1,6 +1,6 @@
-"""Tier 2: the one-node toy workflow (the "CHAI" and "CHAI Store" subgraphs around a KSamplerAdvanced) run in a real
-ComfyUI from its API twin, whose node ids are the frontend's expanded subgraph ids ("<instance>:<inner>"): a miss
-stores its entry, then a prompt sharing the scene hits it and runs the fast schedule."""
+"""Tier 2: the one-node toy workflow (the "CHAI" subgraph in front of a KSamplerAdvanced) run in a real ComfyUI from
+its API twin, whose node ids are the frontend's expanded subgraph ids ("<instance>:<inner>"): a miss is stored by
+CHAI Apply's MODEL when the sampler finishes, then a prompt sharing the scene hits it and runs the fast schedule."""
 from __future__ import annotations
 
 import json
@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 MISS_PROMPT = "a red ball bouncing across a sunny beach"
 HIT_PROMPT = "a blue kite drifting left across a sandy beach"
 CAPTURED: dict[str, dict[str, Any]] = {}
-_Capture = capture_node(CAPTURED, {"images": ("IMAGE",), "hit": ("CHAI_HIT",), "trace": ("CHAI_TRACE",),
-                                   "text": ("STRING", {"forceInput": True})})
+_Capture = capture_node(CAPTURED, {"images": ("IMAGE",), "hit": ("CHAI_HIT",), "chai": ("CHAI_APPLIED",),
+                                   "cache": ("CHAI_CACHE",)})
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def workflow(cache: str, prompt: str) -> dict:
     api[ids["KSamplerAdvanced"]]["inputs"]["noise_seed"] = 7
     api["cap"] = {"class_type": "CHAI_Test_SubgraphCapture",
                   "inputs": {"key": "wf", "images": [ids["CHAI_ToyDecode"], 0], "hit": [ids["CHAI_CacheLookup"], 0],
-                             "trace": [ids["CHAI_ApplyTrace"], 0], "text": [ids["CHAI_CacheWrite"], 0]}}
+                             "chai": [ids["CHAI_Apply"], 4], "cache": [ids["CHAI_CacheOpen"], 0]}}
     return api
 
 
@@ -64,10 +64,15 @@ def test_the_one_node_workflow_misses_then_hits_through_its_subgraph_ids(comfy, 
         assert result.valid, (result.validation_error, result.node_errors)
         assert result.success, result.error
         got = CAPTURED["wf"]
+        applied = got["chai"]
         if prompt == MISS_PROMPT:
-            assert not got["hit"].hit and got["trace"].mode == "full"
-            assert got["text"].startswith("CHAI cache write: stored entry "), got["text"]
+            assert not got["hit"].hit and applied.plan.mode == "full"
+            # no Cache Write in the graph: the MODEL stored the run when the sampler finished
+            assert applied.stored.startswith("stored entry "), applied.stored
+            assert [e.prompt for e in got["cache"].store.entries()] == [MISS_PROMPT]
         else:
             assert got["hit"].hit and got["hit"].donor_prompt == MISS_PROMPT, got["hit"].report
-            assert got["trace"].mode == "fast" and len(got["trace"].sigmas) <= 9
+            assert applied.plan.mode == "fast" and applied.steps <= 8
+            assert applied.stored.startswith("fast run: nothing stored"), applied.stored
+            assert len(got["cache"].store.entries()) == 1
         assert got["images"].shape == (8, 128, 128, 3)
