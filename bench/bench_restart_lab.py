@@ -4,7 +4,7 @@ and a better few-step solver, on the 30-step lab model or on a distilled few-ste
     OMP_NUM_THREADS=1 python bench/bench_restart_lab.py --quick                    # 6 prompts, 2 seeds, smoke
     OMP_NUM_THREADS=1 python bench/bench_restart_lab.py --grid table --seeds 3     # the issue's table, 90 prompts
     OMP_NUM_THREADS=1 python bench/bench_restart_lab.py --grid restart --prompts 30  # the full restart grid
-    COMFYUI_DIR=... python bench/bench_restart_lab.py --grid solvers   # plain / AB2 / dpmpp_2m against the restart
+    OMP_NUM_THREADS=1 python bench/bench_restart_lab.py --grid solvers # plain / AB2 / dpmpp_2m against the restart
     OMP_NUM_THREADS=1 python bench/bench_restart_lab.py --grid distilled --model STUDENT.safetensors \\
         --cfg 1 --full-steps 4 --seeds 3                                             # the distilled student
 
@@ -15,7 +15,8 @@ lab's (`lab/lab_report.py`); the Frechet distance on learned features is read ag
 combinations run, with the lab's interval method (`lab/intervals.py`: a paired bootstrap over held-out
 combinations that keeps a combination's seeds together and redraws the reference set from the same draw). The
 fixed comparisons are read at the Bonferroni level; A/A checks compare one condition's seed sets.
-ComfyUI's own samplers (`--comfy`) need COMFYUI_DIR (and that tree's Python environment).
+`dpmpp_2m` is the reference sampler's own (ComfyUI's result, tier 2); ComfyUI's other samplers (`--comfy`)
+need COMFYUI_DIR (and that tree's Python environment).
 """
 from __future__ import annotations
 
