@@ -171,7 +171,8 @@ class LabSampler:
     @torch.no_grad()
     def run(self, req: Request, steps: int, wrap: Callable[[Any], Any] | None = None,
             record: list[Tensor] | None = None, start: Tensor | None = None,
-            sigmas: Sequence[float] | None = None, solver: str = "euler") -> Tensor:
+            sigmas: Sequence[float] | None = None, solver: str = "euler",
+            history: tuple[Tensor, float] | None = None) -> Tensor:
         """The final latent of `req` at `steps` steps (or on `sigmas` from `start`); `wrap` may replace the model
         function (for CHAI), `record` keeps the latent entering each step."""
         y, mask = self._text(req.prompt)
@@ -180,7 +181,8 @@ class LabSampler:
         callback = (lambda i, x, s, v: record.append(x.clone())) if record is not None else None
         uncond = self.model.null_caption(1) if self.cfg != 1.0 else None
         schedule = toy_sigmas(steps) if sigmas is None else torch.as_tensor(list(sigmas), dtype=torch.float64)
-        return sample(fn, x, y, uncond, schedule, self.cfg, callback, self._kwargs(mask), solver=solver)
+        return sample(fn, x, y, uncond, schedule, self.cfg, callback, self._kwargs(mask), solver=solver,
+                      history=history)
 
     def velocity(self, req: Request) -> Callable[[Tensor, float], Tensor]:
         """v(x, sigma): the guided velocity of `req` at one point (one batched model evaluation through the

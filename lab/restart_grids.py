@@ -91,9 +91,18 @@ def distilled_solver_grid(full_steps: int = 4) -> list[Condition]:
     return out + [Condition("restart", 2, "same", 0.5, solver="dpmpp_2m")]
 
 
+def distilled_history_grid(full_steps: int = 4) -> list[Condition]:
+    """The student: restarts whose dpmpp_2m tail takes the donor's origin as its previous denoised estimate."""
+    out = _full(full_steps) + [Condition("solver", n, solver="dpmpp_2m") for n in (4, 3, 2)]
+    out += [Condition("restart", 3, "same", 0.75, solver="dpmpp_2m")]
+    for rel in ("same", "scene"):
+        out += [Condition("restart", 3, rel, 0.75, solver="dpmpp_2m", history=True)]
+    return out + [Condition("restart", 2, "same", 0.5, solver="dpmpp_2m", history=True)]
+
+
 GRIDS = {"table": table_grid, "quick": quick_grid, "restart": restart_grid, "distilled": distilled_grid,
          "solvers": solvers_grid, "restart_solver": restart_solver_grid,
-         "distilled_solver": distilled_solver_grid}
+         "distilled_solver": distilled_solver_grid, "distilled_history": distilled_history_grid}
 
 
 def _rk(n: int, rel: str, sigma: float = TABLE_SIGMA) -> CellKey:
@@ -153,10 +162,24 @@ COMPARISONS_4_SOLVER: tuple[tuple[CellKey, CellKey], ...] = (
 )
 
 
+def _rh(n: int, rel: str, sigma: float) -> CellKey:
+    """The cell key of a swap restart with a dpmpp_2m tail that carries the donor's origin as its history."""
+    return Condition("restart", n, rel, sigma, solver="dpmpp_2m", history=True).key
+
+
+# Fixed before its run: does a restart that resumes the donor's multistep history buy what no donor-free sampler
+# gives (the 4-step dpmpp_2m quality at 3 or 2 evaluations)?
+COMPARISONS_4_HISTORY: tuple[tuple[CellKey, CellKey], ...] = (
+    (_rh(3, "same", 0.75), _REF4), (_rh(3, "same", 0.75), _DPM(3)), (_rh(3, "same", 0.75), _DPM(4)),
+    (_rh(3, "same", 0.75), _rd(3, "same", 0.75)), (_rh(2, "same", 0.5), _REF4), (_rh(2, "same", 0.5), _DPM(2)),
+    (_rh(3, "scene", 0.75), _REF4),
+)
+
+
 def comparisons_for(grid: str) -> tuple[tuple[CellKey, CellKey], ...]:
     """The fixed comparison list of a grid."""
     return {"distilled": COMPARISONS_4, "solvers": COMPARISONS_SOLVERS, "restart_solver": COMPARISONS_RESTART_SOLVER,
-            "distilled_solver": COMPARISONS_4_SOLVER}.get(grid, COMPARISONS_30)
+            "distilled_solver": COMPARISONS_4_SOLVER, "distilled_history": COMPARISONS_4_HISTORY}.get(grid, COMPARISONS_30)
 
 
 def aa_for(grid: str) -> tuple[CellKey, ...]:
@@ -165,6 +188,8 @@ def aa_for(grid: str) -> tuple[CellKey, ...]:
         return (_REF30, _rd(8, "scene"))
     if grid == "distilled_solver":
         return (_REF4, _DPM(3), _rd(3, "scene", 0.75))
+    if grid == "distilled_history":
+        return (_REF4, _DPM(3), _rh(3, "same", 0.75))
     return AA_4 if grid in ("distilled",) else AA_30  # (the solver check runs one seed: no A/A)
 
 

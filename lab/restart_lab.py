@@ -38,6 +38,7 @@ class Condition:
     swap: bool = True  # restart: re-noise with the request's noise (False: the donor's own)
     both: bool = False  # restart: then Cache Attention at the pack's cache sigmas
     solver: str = "-"  # solver: "ab2" or a ComfyUI sampler name; restart: "dpmpp_2m" samples the tail with it
+    history: bool = False  # restart with dpmpp_2m: the donor's origin is the solver's previous denoised estimate
 
     @property
     def key(self) -> CellKey:
@@ -45,6 +46,7 @@ class Condition:
         if self.kind == "restart":
             variant = f"{self.sigma:.2f}" + ("" if self.swap else " noswap") + (" both" if self.both else "")
             variant += "" if self.solver == "-" else f" {self.solver}"
+            variant += " hist" if self.history else ""
         elif self.kind == "chai":
             variant = PACK.name
         elif self.kind == "solver":
@@ -68,13 +70,14 @@ def restart_plan(target: float, steps: int, full_steps: int) -> tuple[RestartSch
 
 
 def restart_start(donor: DonorRun, request_noise: Tensor, target: float, steps: int,
-                  swap: bool = True) -> tuple[Tensor, RestartSchedule]:
-    """(start latent, restart schedule) of a restart hit from `donor` (its trajectory on its own full schedule)."""
+                  swap: bool = True) -> tuple[Tensor, RestartSchedule, tuple[Tensor, float]]:
+    """(start latent, restart schedule, history) of a restart hit from `donor` (its trajectory on its own full
+    schedule); the history is the origin as a denoised estimate at the donor's sigma before the capture step."""
     plan, index, s_cap = restart_plan(target, steps, len(donor.sigmas))
     if donor.noise is None:
         raise ValueError("the donor run kept no initial noise")
     o = origin(donor.latents[index], donor.noise, s_cap)
-    return renoise(o, request_noise if swap else donor.noise, plan.start_sigma), plan
+    return renoise(o, request_noise if swap else donor.noise, plan.start_sigma), plan, (o, float(donor.sigmas[index - 1]))
 
 
 def run_condition(sampler: LabSampler, cond: Condition, req: Request,
@@ -86,10 +89,12 @@ def run_condition(sampler: LabSampler, cond: Condition, req: Request,
         latent, fired = sampler.chai(req, cond.steps, [donors[cond.relation]], PACK)
         return latent, fired, cond.steps
     if cond.kind == "restart":
-        start, plan = restart_start(donors[cond.relation], sampler.noise(req), cond.sigma, cond.steps, cond.swap)
+        start, plan, history = restart_start(donors[cond.relation], sampler.noise(req), cond.sigma, cond.steps,
+                                             cond.swap)
         if not cond.both:
             solver = "euler" if cond.solver == "-" else cond.solver
-            return sampler.run(req, plan.steps, start=start, sigmas=plan.sigmas, solver=solver), [], plan.steps
+            return sampler.run(req, plan.steps, start=start, sigmas=plan.sigmas, solver=solver,
+                               history=history if cond.history else None), [], plan.steps
         cache = steps_at_sigmas(BOTH_SIGMAS, list(plan.sigmas))
         latent, fired = sampler.chai(req, plan.steps, [donors[cond.relation]], PACK, start=start,
                                      sigmas=plan.sigmas, cache_steps=cache)

@@ -98,6 +98,7 @@ def sample(
     model_dtype: torch.dtype | None = None,
     dtype: torch.dtype = torch.float32,
     solver: str = "euler",
+    history: tuple[torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """Integrate the flow from sigmas[0] to sigmas[-1] with `solver` steps and CFG; returns the final latent.
 
@@ -107,7 +108,9 @@ def sample(
     width ...) go to every call; with batched_cfg, tensors whose first dim is the batch are repeated for the
     [cond; uncond] batch. callback(i, x, sigma, v) runs once per step with the latent entering step i, its
     sigma and the guided velocity; its return value is ignored. The state is integrated in `dtype`; inputs
-    are cast to model_dtype (if given) before each call and outputs back to `dtype`.
+    are cast to model_dtype (if given) before each call and outputs back to `dtype`. history (dpmpp_2m only) is
+    a (denoised estimate, its sigma) from before sigmas[0]: the first step then extrapolates from it as a run
+    that had taken that earlier step would (a restart resuming a donor's run).
     """
     sig = torch.as_tensor(sigmas, dtype=torch.float64).flatten()
     if sig.numel() < 2:
@@ -116,6 +119,8 @@ def sample(
         raise ValueError("sigmas must be strictly decreasing")
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    if history is not None and solver != "dpmpp_2m":
+        raise ValueError("a denoised history only means something to the multistep dpmpp_2m solver")
     if noise.ndim < 2:
         raise ValueError(f"noise must be batched [B, C, ...], got shape {tuple(noise.shape)}")
     batch, channels = noise.shape[0], noise.shape[1]
@@ -134,7 +139,7 @@ def sample(
 
     x = noise.to(dtype)
     sigma_list = sig.tolist()
-    step = _Dpmpp2m() if solver == "dpmpp_2m" else None
+    step = _Dpmpp2m(history, sigma_list[0], dtype) if solver == "dpmpp_2m" else None
     for i in range(len(sigma_list) - 1):
         s, s_next = sigma_list[i], sigma_list[i + 1]
         t = torch.full((batch,), s * NUM_TIMESTEPS, dtype=torch.float32, device=x.device)
@@ -155,8 +160,14 @@ def sample(
 class _Dpmpp2m:
     """One DPM-Solver++(2M) step at a time: keeps the previous denoised estimate and log-sigma step."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: tuple[torch.Tensor, float] | None = None, start: float = 1.0,
+                 dtype: torch.dtype = torch.float32) -> None:
         self.previous: tuple[torch.Tensor, float] | None = None
+        if history is not None:
+            denoised, sigma = history
+            if not float(sigma) > start:
+                raise ValueError(f"the history's sigma {sigma} must lie above the first sigma {start}")
+            self.previous = (denoised.to(dtype), math.log(float(sigma)) - math.log(start))
 
     def __call__(self, x: torch.Tensor, v: torch.Tensor, s: float, s_next: float) -> torch.Tensor:
         """The latent at s_next from x at s and the guided velocity v there."""

@@ -72,3 +72,22 @@ def test_dpmpp_2m_on_a_shifted_schedule_lands_on_the_denoised_estimate():
     euler = sample(GaussianFlow(), noise, torch.zeros(1, 1, 2, 4), None, sig, 1.0, dtype=torch.float64)
     exact = math.sqrt(C2) * noise
     assert float((out - exact).abs().max()) < 0.6 * float((euler - exact).abs().max())
+
+
+def test_a_run_resumed_with_its_own_denoised_history_is_the_uninterrupted_run():
+    noise = torch.linspace(-2.0, 2.0, 9).view(1, 1, 1, 1, 9).double()
+    y = torch.zeros(1, 1, 2, 4)
+    sig = [1.0, 0.75, 0.5, 0.25, 0.0]
+    seen = []
+    whole = sample(GaussianFlow(), noise, y, None, sig, 1.0, dtype=torch.float64, solver="dpmpp_2m",
+                   callback=lambda i, x, s, v: seen.append((x.clone(), x + s * v)))
+    x1, denoised0 = seen[1][0], seen[0][1]
+    resumed = sample(GaussianFlow(), x1, y, None, sig[1:], 1.0, dtype=torch.float64, solver="dpmpp_2m",
+                     history=(denoised0, 1.0))
+    torch.testing.assert_close(resumed, whole)
+    fresh = sample(GaussianFlow(), x1, y, None, sig[1:], 1.0, dtype=torch.float64, solver="dpmpp_2m")
+    assert float((fresh - whole).abs().max()) > 1e-3  # without it the tail restarts the multistep history
+    with pytest.raises(ValueError, match="only means something"):
+        sample(GaussianFlow(), x1, y, None, sig[1:], 1.0, solver="euler", history=(denoised0, 1.0))
+    with pytest.raises(ValueError, match="must lie above"):
+        sample(GaussianFlow(), x1, y, None, sig[1:], 1.0, solver="dpmpp_2m", history=(denoised0, 0.75))

@@ -131,11 +131,13 @@ def test_restart_start_is_renoise_of_the_donors_origin():
     latents = [torch.randn(shape, generator=gen) for _ in range(30)]
     d_noise, r_noise = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
     donor = DonorRun(latents, toy_sigmas(30)[:-1].tolist(), latents[-1], torch.zeros(1), None, d_noise)
-    start, plan = restart_start(donor, r_noise, 0.8, 8)
+    start, plan, (hist, hist_sigma) = restart_start(donor, r_noise, 0.8, 8)
     torch.testing.assert_close(start, latents[6] + 0.8 * (r_noise - d_noise))  # the noise swap
-    same, _ = restart_start(donor, r_noise, 0.8, 8, swap=False)
+    torch.testing.assert_close(hist, origin(latents[6], d_noise, 0.8))  # the origin, at the step before the capture
+    assert hist_sigma == pytest.approx(donor.sigmas[5])
+    same, _, _ = restart_start(donor, r_noise, 0.8, 8, swap=False)
     torch.testing.assert_close(same, latents[6])  # no swap: the donor's own x(0.8)
-    start6, plan6 = restart_start(donor, r_noise, 0.8, 6)
+    start6, plan6, _ = restart_start(donor, r_noise, 0.8, 6)
     torch.testing.assert_close(start6, renoise(origin(latents[6], d_noise, 0.8), r_noise, 0.75))
     with pytest.raises(ValueError, match="no initial noise"):
         restart_start(DonorRun(latents, donor.sigmas, latents[-1], torch.zeros(1), None), r_noise, 0.8, 8)
