@@ -32,6 +32,9 @@ from comfyui_chai.toyworld.prompts import Combo, caption, seeded_prefix
 from lab.quality import cache_steps_for, is_one_entity_donor
 
 RELATIONS: tuple[str, ...] = ("scene", "object", "none", "same")
+# Drawn after the others from a second generator, so adding it changed no earlier donor: the same object and scene
+# in another colour (what the product's "main subject and scene matched" also accepts).
+EXTRA_RELATIONS: tuple[str, ...] = ("subject_scene",)
 FULL_STEPS = 30
 
 
@@ -44,12 +47,14 @@ def pick_donor(combo: Combo, relation: str, pool: Sequence[Combo], rng: np.rando
     """A donor combination of the given relation to `combo` (from `pool`, except "same")."""
     if relation == "same":
         return combo
-    if relation == "none":
+    if relation == "subject_scene":
+        candidates = sorted(c for c in pool if c[0] == combo[0] and c[1] == combo[1] and c[2] != combo[2])
+    elif relation == "none":
         candidates = sorted(c for c in pool if differs_everywhere(combo, c))
     elif relation in ("scene", "object"):
         candidates = sorted(c for c in pool if is_one_entity_donor(combo, c, relation))
     else:
-        raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
+        raise ValueError(f"relation must be one of {RELATIONS + EXTRA_RELATIONS}, got {relation!r}")
     if not candidates:
         raise ValueError(f"no {relation} donor for {combo} in the pool")
     return tuple(candidates[int(rng.integers(len(candidates)))])  # type: ignore[return-value]
@@ -75,7 +80,7 @@ class LabItem:
 def make_lab_items(held_out: Sequence[Combo], pool: Sequence[Combo], n: int | None = None,
                    seed: int = 0) -> list[LabItem]:
     """n held-out prompts (seeded order) with one donor per relation; prompt seeds 1000 + i, donors 5000 + 4 i + k."""
-    rng = np.random.default_rng(seed)
+    rng, extra = np.random.default_rng(seed), np.random.default_rng(seed + 7919)
     items = []
     for i, combo in enumerate(seeded_prefix(held_out, n, rng)):
         req = Request(caption(combo, rng), combo, 1000 + i)  # type: ignore[arg-type]
@@ -83,6 +88,9 @@ def make_lab_items(held_out: Sequence[Combo], pool: Sequence[Combo], n: int | No
         for k, rel in enumerate(RELATIONS):
             d = pick_donor(combo, rel, pool, rng)  # type: ignore[arg-type]
             donors[rel] = Request(caption(d, rng), d, 5000 + 4 * i + k)
+        for k, rel in enumerate(EXTRA_RELATIONS):
+            d = pick_donor(combo, rel, pool, extra)  # type: ignore[arg-type]
+            donors[rel] = Request(caption(d, extra), d, 9000 + len(EXTRA_RELATIONS) * i + k)
         items.append(LabItem(req, donors))
     return items
 
@@ -286,5 +294,5 @@ def _borrow(kvs: Sequence[tuple[Tensor, Tensor]], mode: str, strength: float = 1
     return fn
 
 
-__all__ = ["RELATIONS", "FULL_STEPS", "Request", "LabItem", "Variant", "DEFAULT", "PACK", "DonorRun", "LabSampler",
+__all__ = ["RELATIONS", "EXTRA_RELATIONS", "FULL_STEPS", "Request", "LabItem", "Variant", "DEFAULT", "PACK", "DonorRun", "LabSampler",
            "make_lab_items", "pick_donor", "differs_everywhere", "steps_at_sigmas", "borrowed_attention"]

@@ -100,9 +100,19 @@ def distilled_history_grid(full_steps: int = 4) -> list[Condition]:
     return out + [Condition("restart", 2, "same", 0.5, solver="dpmpp_2m", history=True)]
 
 
+def distilled_relation_grid(full_steps: int = 4) -> list[Condition]:
+    """The student: the resumed restart from a donor of the same object and scene in another colour."""
+    out = _full(full_steps) + [Condition("solver", n, solver="dpmpp_2m") for n in (3, 2)]
+    for rel in ("same", "subject_scene"):
+        out += [Condition("restart", 3, rel, 0.75, solver="dpmpp_2m", history=True),
+                Condition("restart", 2, rel, 0.5, solver="dpmpp_2m", history=True)]
+    return out
+
+
 GRIDS = {"table": table_grid, "quick": quick_grid, "restart": restart_grid, "distilled": distilled_grid,
          "solvers": solvers_grid, "restart_solver": restart_solver_grid,
-         "distilled_solver": distilled_solver_grid, "distilled_history": distilled_history_grid}
+         "distilled_solver": distilled_solver_grid, "distilled_history": distilled_history_grid,
+         "distilled_relation": distilled_relation_grid}
 
 
 def _rk(n: int, rel: str, sigma: float = TABLE_SIGMA) -> CellKey:
@@ -176,10 +186,19 @@ COMPARISONS_4_HISTORY: tuple[tuple[CellKey, CellKey], ...] = (
 )
 
 
+# Fixed before its run: does the product's "main subject and scene matched" relation (here: the same object and
+# scene in another colour) restart as cleanly as the same prompt on the student?
+COMPARISONS_4_RELATION: tuple[tuple[CellKey, CellKey], ...] = (
+    (_rh(3, "subject_scene", 0.75), _REF4), (_rh(2, "subject_scene", 0.5), _REF4),
+    (_rh(3, "subject_scene", 0.75), _DPM(3)), (_rh(3, "subject_scene", 0.75), _rh(3, "same", 0.75)),
+)
+
+
 def comparisons_for(grid: str) -> tuple[tuple[CellKey, CellKey], ...]:
     """The fixed comparison list of a grid."""
     return {"distilled": COMPARISONS_4, "solvers": COMPARISONS_SOLVERS, "restart_solver": COMPARISONS_RESTART_SOLVER,
-            "distilled_solver": COMPARISONS_4_SOLVER, "distilled_history": COMPARISONS_4_HISTORY}.get(grid, COMPARISONS_30)
+            "distilled_solver": COMPARISONS_4_SOLVER, "distilled_history": COMPARISONS_4_HISTORY,
+            "distilled_relation": COMPARISONS_4_RELATION}.get(grid, COMPARISONS_30)
 
 
 def aa_for(grid: str) -> tuple[CellKey, ...]:
@@ -190,6 +209,8 @@ def aa_for(grid: str) -> tuple[CellKey, ...]:
         return (_REF4, _DPM(3), _rd(3, "scene", 0.75))
     if grid == "distilled_history":
         return (_REF4, _DPM(3), _rh(3, "same", 0.75))
+    if grid == "distilled_relation":
+        return (_REF4, _rh(3, "subject_scene", 0.75))
     return AA_4 if grid in ("distilled",) else AA_30  # (the solver check runs one seed: no A/A)
 
 

@@ -139,7 +139,9 @@ def sample(
 
     x = noise.to(dtype)
     sigma_list = sig.tolist()
-    step = _Dpmpp2m(history, sigma_list[0], dtype) if solver == "dpmpp_2m" else None
+    if history is not None and not float(history[1]) > sigma_list[0]:
+        raise ValueError(f"the history's sigma {history[1]} must lie above the first sigma {sigma_list[0]}")
+    multistep = Dpmpp2m(history) if solver == "dpmpp_2m" else None
     for i in range(len(sigma_list) - 1):
         s, s_next = sigma_list[i], sigma_list[i + 1]
         t = torch.full((batch,), s * NUM_TIMESTEPS, dtype=torch.float32, device=x.device)
@@ -153,33 +155,33 @@ def sample(
             v = cfg_combine(call(x, t, cond, kwargs), call(x, t, guide, kwargs), cfg)
         if callback is not None:
             callback(i, x, s, v)
-        x = x + v * (s - s_next) if step is None else step(x, v, s, s_next)
+        x = x + v * (s - s_next) if multistep is None else multistep.step(x, x + s * v, s, s_next)
     return x
 
 
-class _Dpmpp2m:
-    """One DPM-Solver++(2M) step at a time: keeps the previous denoised estimate and log-sigma step."""
+class Dpmpp2m:
+    """DPM-Solver++(2M) one step at a time on the flow ODE, from denoised estimates; keeps the previous estimate
+    and its sigma (a `history` given at the start stands in for a step taken before: a resumed run)."""
 
-    def __init__(self, history: tuple[torch.Tensor, float] | None = None, start: float = 1.0,
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, history: tuple[torch.Tensor, float] | None = None) -> None:
         self.previous: tuple[torch.Tensor, float] | None = None
         if history is not None:
-            denoised, sigma = history
-            if not float(sigma) > start:
-                raise ValueError(f"the history's sigma {sigma} must lie above the first sigma {start}")
-            self.previous = (denoised.to(dtype), math.log(float(sigma)) - math.log(start))
+            self.previous = (history[0], float(history[1]))
 
-    def __call__(self, x: torch.Tensor, v: torch.Tensor, s: float, s_next: float) -> torch.Tensor:
-        """The latent at s_next from x at s and the guided velocity v there."""
-        denoised = x + s * v
+    def step(self, x: torch.Tensor, denoised: torch.Tensor, s: float, s_next: float) -> torch.Tensor:
+        """The latent at s_next from x at s and the (guided) denoised estimate there."""
         if s_next <= 0.0:
+            self.previous = None
             return denoised
         h = math.log(s) - math.log(s_next)
         d = denoised
         if self.previous is not None:
-            r = self.previous[1] / h
-            d = (1.0 + 1.0 / (2.0 * r)) * denoised - (1.0 / (2.0 * r)) * self.previous[0]
-        self.previous = (denoised, h)
+            before, s_before = self.previous
+            if not s_before > s:
+                raise ValueError(f"the previous estimate's sigma {s_before} must lie above this step's sigma {s}")
+            r = (math.log(s_before) - math.log(s)) / h
+            d = (1.0 + 1.0 / (2.0 * r)) * denoised - (1.0 / (2.0 * r)) * before.to(denoised.dtype)
+        self.previous = (denoised, s)
         return (s_next / s) * x + (1.0 - s_next / s) * d
 
 

@@ -13,7 +13,8 @@ from comfyui_chai.toyworld.prompts import make_split
 from comfyui_chai.toyworld.world import random_spec, render
 from lab import features as feats
 from lab import measures
-from lab.lab import (DEFAULT, PACK, RELATIONS, LabSampler, Request, Variant, borrowed_attention,
+import lab.lab as lab_module
+from lab.lab import (DEFAULT, EXTRA_RELATIONS, PACK, RELATIONS, LabSampler, Request, Variant, borrowed_attention,
                      differs_everywhere, make_lab_items, steps_at_sigmas)
 from lab.quality import is_one_entity_donor
 
@@ -34,10 +35,20 @@ def test_lab_items_have_one_donor_of_each_relation():
     assert len(items) == 12 and len({i.request.seed for i in items}) == 12
     for item in items:
         combo, d = item.request.combo, {k: v.combo for k, v in item.donors.items()}
-        assert tuple(item.donors) == RELATIONS
+        assert tuple(item.donors) == RELATIONS + EXTRA_RELATIONS
         assert is_one_entity_donor(combo, d["scene"], "scene") and is_one_entity_donor(combo, d["object"], "object")
         assert differs_everywhere(combo, d["none"]) and d["same"] == combo
-        assert all(d[r] in split.train for r in ("scene", "object", "none"))
+        assert d["subject_scene"][:2] == combo[:2] and d["subject_scene"][2] != combo[2]  # another colour
+        assert all(d[r] in split.train for r in ("scene", "object", "none", "subject_scene"))
+
+
+def test_the_extra_relation_changes_no_earlier_donor(monkeypatch):
+    split = make_split(0, 0.1)
+    items = make_lab_items(split.held_out, split.train, 12)
+    monkeypatch.setattr(lab_module, "EXTRA_RELATIONS", ())
+    before = make_lab_items(split.held_out, split.train, 12)  # the draws as they were before it existed
+    for new, old in zip(items, before):
+        assert new.request == old.request and all(new.donors[r] == old.donors[r] for r in RELATIONS)
 
 
 def test_variant_cache_steps_follow_the_paper_sigma_range():
