@@ -26,6 +26,7 @@ class EmbeddedEntities:
     entities: tuple["Entity", ...]
     vectors: np.ndarray
     embedder: str
+    prompt: str = ""  # the prompt they came from: an entry of the same prompt is preferred among equal donors
 
     def __post_init__(self) -> None:
         vectors = np.asarray(self.vectors, dtype=np.float32)

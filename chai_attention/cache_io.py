@@ -176,11 +176,18 @@ def threshold_source(cache: CacheLike, entities: PromptEntities, threshold: floa
     return "auto (0 on the node): the embedder's calibrated value"
 
 
+def _same_prompt(a: str, b: str | None) -> bool:
+    """Whether two prompts are the same text up to case and spacing (as the store's `ranking.same_prompt`)."""
+    return b is not None and " ".join(a.lower().split()) == " ".join(b.lower().split()) != ""
+
+
 def lookup_hit(cache: CacheLike, entities: PromptEntities, fingerprint: str, shape: Sequence[int],
                threshold: float | None = None) -> CacheHit:
     """Look the prompt's entities up for this model fingerprint and latent shape; a hit carries CPU donors."""
     t0 = time.perf_counter()
     embedded = entities.embedded(cache)
+    if hasattr(embedded, "prompt") and embedded.prompt != entities.prompt:  # a cache double may embed its own way
+        embedded = replace(embedded, prompt=entities.prompt)
     t_embed = time.perf_counter() - t0
     thr = resolve_threshold(cache, entities, threshold)
     shape = tuple(int(s) for s in shape)
@@ -196,7 +203,7 @@ def lookup_hit(cache: CacheLike, entities: PromptEntities, fingerprint: str, sha
     matches = tuple((m.query, m.entity, float(m.similarity)) for m in result.matches)
     scene = any(getattr(m, "role", "") == "scene" for m in result.matches)
     found = replace(miss, entry_id=result.entry.id, donor_prompt=result.entry.prompt, matches=matches,
-                    scene_match=scene)
+                    scene_match=scene, same_prompt=_same_prompt(entities.prompt, result.entry.prompt))
     try:
         donors = DonorSet.from_lookup(result)
     except ValueError as exc:

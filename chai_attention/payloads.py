@@ -109,6 +109,7 @@ class CacheHit:
     donor_prompt: str | None = None
     matches: tuple[tuple[str, str, float], ...] = ()  # (query entity, stored entity, similarity)
     scene_match: bool = False  # one of the hit-carrying matches is the request's scene (a restart needs it)
+    same_prompt: bool = False  # the donor's prompt is the request's (up to case and spacing): a few-step restart
     donors: DonorSet | None = None
     timings: dict[str, float] = field(default_factory=dict)
 

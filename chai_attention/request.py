@@ -24,8 +24,8 @@ from .config import ChaiConfig
 from .constants import BOTH, CACHE_ATTENTION, FAST, FULL, RESTART
 from .donors import DonorCapture, DonorSet
 from .payloads import CacheHit, ChaiReport, SampleTrace
-from .restart import (MIN_RESTART_FULL_STEPS, RestartSchedule, capture_index, restart_schedule, serves,
-                      started_from_noise)
+from .restart import (MIN_RESTART_FULL_STEPS, RestartSchedule, capture_index, few_step, few_step_tail,
+                      restart_schedule, serves, started_from_noise)
 from .run import CacheAttentionRun
 from .steps import CapturePlan, as_sigmas, plan_for_config
 
@@ -45,11 +45,17 @@ class RestartStart:
 
     schedule: RestartSchedule
     origin: Tensor  # the donor's origin (restart.py), in the model-input space the capture read it from
+    history_sigma: float | None = None  # a few-step restart: the host resumes DPM-Solver++(2M) from the origin here
 
     @property
     def sigma(self) -> float:
         """The noise level the hit starts at."""
         return self.schedule.start_sigma
+
+    @property
+    def history(self) -> tuple[Tensor, float] | None:
+        """(the previous denoised estimate, its sigma) a resumed restart's solver starts from, else None."""
+        return None if self.history_sigma is None else (self.origin, self.history_sigma)
 
 
 @dataclass
@@ -118,16 +124,16 @@ def choose_reuse(hit: CacheHit, config: ChaiConfig) -> tuple[str, str]:
     if config.reuse == CACHE_ATTENTION:
         return CACHE_ATTENTION, ""
     origin = hit.donors.origin if hit.donors is not None else None
-    if config.full_steps < MIN_RESTART_FULL_STEPS:
-        why = (f"no restart below {MIN_RESTART_FULL_STEPS} full steps: on a few-step (distilled) model the quality "
-               "lab found a restart worse than the model's own run; sampling it with dpmpp_2m instead of euler "
-               "saved a step there without any donor (docs/quality-lab.md)")
-    elif origin is None:
+    if origin is None:
         why = "the cached entry kept no restart latent (stored before restarts, or its run did not start from noise)"
-    elif not serves(origin.sigma, config.restart_sigma):
+    elif few_step(config.full_steps) and not hit.same_prompt:
+        why = (f"below {MIN_RESTART_FULL_STEPS} full steps a restart keeps quality only from a donor of the same "
+               "prompt (a new seed of it): on the quality lab's distilled model a donor of the same scene, or of the "
+               "same subject and scene in another colour, was worse than the model's own run")
+    elif not few_step(config.full_steps) and not serves(origin.sigma, config.restart_sigma):
         why = (f"the cached entry's restart latent is at sigma {origin.sigma:.3f}, not near restart_sigma "
                f"{config.restart_sigma:g}")
-    elif not hit.scene_match:
+    elif not few_step(config.full_steps) and not hit.scene_match:
         why = ("the donor shares the main subject but not the scene (or the prompt names no scene): a restart would "
                "carry the donor's scene over, so it borrows attention only")
     else:
@@ -140,6 +146,10 @@ def _restart_start(hit: CacheHit, config: ChaiConfig, schedule: Schedule) -> tup
     origin = hit.donors.origin if hit.donors is not None else None
     if origin is None:
         raise ValueError("a restart needs the donor's origin")
+    if few_step(config.full_steps):  # the model's own schedule from the origin's step, resuming the donor's solver
+        raw = schedule(config.full_steps)
+        tail, history_sigma = few_step_tail(as_sigmas(raw), origin.sigma)
+        return RestartStart(tail, origin.latent, history_sigma), raw[tail.start_step:]
     tail = restart_schedule(schedule, origin.sigma, config.fast_steps)
     raw = schedule(tail.total)
     return RestartStart(tail, origin.latent), raw[tail.start_step:]
@@ -152,6 +162,8 @@ def reuse_note(mode: str, plan_sigmas: Sequence[float], config: ChaiConfig, why:
     if restart is not None:
         head = (f"{mode}: from the donor's latent at sigma {restart.sigma:.3f} ({steps} steps of the "
                 f"{restart.schedule.total}-step schedule from step {restart.schedule.start_step + 1})"
+                + (", sampled with DPM-Solver++(2M) resuming the donor's history (a few-step model)"
+                   if restart.history_sigma is not None else "")
                 + (f" ({why})" if why else ""))
     else:
         head = f"{mode}: {steps} steps from noise" + (f" ({why})" if why else "")
@@ -171,14 +183,14 @@ def plan_request(hit: CacheHit | None, *, fingerprint: str, shape: Sequence[int]
     why = hit.unusable_reason(fingerprint, tuple(shape)) if hit is not None else None
     if hit is not None and why is None:
         mode, fallback = choose_reuse(hit, config)
-        if mode == CACHE_ATTENTION and fallback and not config.cache_steps:
-            why = f"{fallback}, and no cache steps are set to borrow attention at"  # a plain fast run reuses nothing
         restart, raw = None, fast_raw
-        if why is None and mode in (RESTART, BOTH):
+        if mode in (RESTART, BOTH):
             try:
                 restart, raw = _restart_start(hit, config, schedule)
             except ValueError as exc:  # a schedule with no tail to start from (a sampler that reshapes it)
                 mode, fallback = CACHE_ATTENTION, f"no restart on this schedule: {exc}"
+        if mode == CACHE_ATTENTION and fallback and not config.cache_steps:
+            why = f"{fallback}, and no cache steps are set to borrow attention at"  # a plain fast run reuses nothing
         sigmas = as_sigmas(raw)
         run = None
         if why is None and mode in (CACHE_ATTENTION, BOTH):

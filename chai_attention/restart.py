@@ -14,6 +14,14 @@ SamplerCustomAdvanced (these SIGMAS) sample the same sigmas, and the restart poi
 transfers between schedules (a shift-8 Wan schedule, OpenSora's, LTXV's). The noise must be the flow-matching
 kind: x(s) = s * eps + (1 - s) * x0 (every family the pack supports); the origin needs a donor run that started
 from pure noise (sigma 1).
+
+A few-step (distilled) model is sampled only at its own schedule's sigmas, so there a restart is the tail of the
+full schedule itself, from the step where the origin was stored (`few_step_tail`), and it resumes the donor's
+solver: DPM-Solver++(2M) with the origin as the previous denoised estimate, at the schedule's sigma before the
+restart (for a donor one Euler or 2M step in, the origin is exactly that estimate). In the quality lab the
+resumed restart from a donor of the same prompt beat the student's own 4 Euler steps at 3 and at 2 evaluations;
+without the history, or from a donor of the same scene, or of the same subject and scene in another colour, it
+did not (docs/quality-lab.md), so the product restarts a few-step model only from the same prompt's entry.
 """
 from __future__ import annotations
 
@@ -25,10 +33,12 @@ from torch import Tensor
 
 from .steps import as_sigmas, nearest_index
 
-# In the quality lab a same-scene restart beat the 30-step run of the 30-step model but was worse than its own
-# 4 steps (and than plain 3) on the distilled 4-step student (docs/quality-lab.md): below this many full steps a
-# hit does not restart. Between 4 and 30 nothing was measured; 16 keeps the measured 30-step case.
+# In the quality lab a same-scene restart beat the 30-step run of the 30-step model, while on the distilled 4-step
+# student only the resumed restart from a same-prompt donor kept quality (docs/quality-lab.md): below
+# this many full steps a hit restarts the few-step way. Between 4 and 30 nothing was measured; 16 keeps the
+# measured 30-step case on the many-step side.
 MIN_RESTART_FULL_STEPS = 16
+ON_SCHEDULE = 1e-3  # a few-step origin must sit on the run's own schedule (within this)
 MAX_TOTAL_FACTOR = 20  # T is searched in n + 1 .. 20 n (a restart at sigma 0.05 would need about 20 n)
 START_TOLERANCE = 0.05  # a stored origin serves a restart whose sigma is within this of the origin's
 PURE_NOISE = 0.999  # a run whose first sigma is at least this started from pure noise
@@ -76,6 +86,22 @@ def restart_schedule(schedule: Callable[[int], Any], target: float, steps: int) 
     return best
 
 
+def few_step(full_steps: int) -> bool:
+    """Whether a run of this many full steps restarts the few-step (distilled) way."""
+    return full_steps < MIN_RESTART_FULL_STEPS
+
+
+def few_step_tail(full_sigmas: Sequence[float], origin_sigma: float) -> tuple[RestartSchedule, float]:
+    """(the full schedule's own tail from the origin's step, the sigma before it: the history's) of a few-step
+    restart; ValueError when the origin does not sit on this schedule after its first step."""
+    values = [float(s) for s in full_sigmas]
+    k = nearest_index(values[:-1], float(origin_sigma))
+    if k < 1 or abs(values[k] - float(origin_sigma)) > ON_SCHEDULE:
+        raise ValueError(f"the cached restart latent at sigma {float(origin_sigma):.4f} is not on this "
+                         f"{len(values) - 1}-step schedule ({', '.join(f'{v:.4f}' for v in values[:-1])})")
+    return RestartSchedule(tuple(values[k:]), len(values) - 1, k), values[k - 1]
+
+
 def capture_index(full_sigmas: Sequence[float], target: float) -> int:
     """The full-schedule step (0-based, never the last point) whose starting sigma is nearest `target`."""
     return nearest_index(list(full_sigmas[:-1]), target)
@@ -104,5 +130,5 @@ def serves(origin_sigma: float, target: float, tolerance: float = START_TOLERANC
     return abs(float(origin_sigma) - float(target)) <= tolerance + 1e-9
 
 
-__all__ = ["MIN_RESTART_FULL_STEPS", "RestartSchedule", "restart_schedule", "capture_index", "started_from_noise", "origin", "renoise",
+__all__ = ["MIN_RESTART_FULL_STEPS", "few_step", "few_step_tail", "RestartSchedule", "restart_schedule", "capture_index", "started_from_noise", "origin", "renoise",
            "serves", "START_TOLERANCE", "PURE_NOISE"]

@@ -188,8 +188,13 @@ class ChaiPipeline:
             if plan.run is not None:
                 model = PatchedModel(self.model, self.adapter, plan.run, y, self.batch_size)
             try:
+                history = plan.restart.history if plan.restart is not None else None
+                if history is not None:  # a few-step restart resumes the donor's solver (restart.py)
+                    history = (history[0].to(noise.device), history[1])
                 latent = opensora_sampler.sample(model, x_start, y, use_uncond, plan.sigmas, self.cfg, None, kwargs,
-                                                 batched_cfg=self.batched_cfg, solver=self.fast_solver)
+                                                 batched_cfg=self.batched_cfg,
+                                                 solver="dpmpp_2m" if history is not None else self.fast_solver,
+                                                 history=history)
             finally:
                 if plan.run is not None:
                     plan.run.release()

@@ -87,3 +87,17 @@ def test_recency_is_not_durable_but_entries_are(tmp_path):
         assert "COMMIT" in touch and "COMMIT" in statements
         assert not any("synchronous" in sql for sql in statements)  # the insert commits at FULL
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2 and s.entry(first).hits == 2
+
+
+def test_an_entry_of_the_same_prompt_is_preferred_among_equal_donors(opener):
+    from dataclasses import replace
+
+    with opener("c", StoreConfig(10**9)) as s:
+        ents = (entity("dog", "main"), entity("beach", "scene"))
+        own = s.insert("A dog on the beach", embedded(*ents), FP, latents(1), SIGMAS).entry_id
+        newer = s.insert("a dog running on the beach at dawn", embedded(*ents), FP, latents(2), SIGMAS).entry_id
+        plain = s.lookup(embedded(*ents), FP, SHAPE, HitRule(THR))
+        assert plain.hit and plain.entry.id == newer  # equal matches: the newest
+        request = replace(embedded(*ents), prompt="a  dog on the BEACH")
+        again = s.lookup(request, FP, SHAPE, HitRule(THR))
+        assert again.hit and again.entry.id == own  # the same prompt, up to case and spacing, first

@@ -2,6 +2,8 @@
 pure-torch pipeline's restart hits (the seed matters, the start is the donor's origin re-noised)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -226,25 +228,53 @@ def test_a_schedule_without_a_tail_to_start_from_falls_back_to_cache_attention()
     assert plan.reuse == "cache_attention" and "no restart on this schedule" in plan.report.reuse_note
 
 
-def test_a_distilled_4_step_run_stores_its_origin_and_its_hit_does_not_restart(model, cache):
-    """The distilled path: 4 steps at cfg 1 on a miss (the origin kept at 0.75); the lab found restarts of the
-    4-step student worse than its own run, so a hit there is a miss that says why (restart.MIN_RESTART_FULL_STEPS)."""
+def test_a_distilled_4_step_hit_resumes_the_donors_solver_from_its_schedules_second_step(model, cache):
+    """The distilled path: 4 steps at cfg 1 on a miss (the origin kept at 0.75, the schedule's second sigma); a hit
+    of the same prompt samples the schedule's last 3 steps with DPM-Solver++(2M) whose previous denoised
+    estimate is the origin (restart.few_step_tail): the lab's resumed restart. Another prompt of the same subject
+    and scene does not restart there."""
     from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline
+    from comfyui_chai.opensora.sampler import opensora_model_kwargs
 
     seen: list[int] = []
     handle = model.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape[0]))
     try:
-        pipe = ChaiPipeline(model, cache, ChaiConfig(full_steps=4, fast_steps=3, cache_steps="", reuse="restart",
-                                                     restart_sigma=0.75),
+        pipe = ChaiPipeline(model, cache, ChaiConfig(full_steps=4, cache_steps="", reuse="restart"),
                             text_encode=toy_text_encode, video=VIDEO, cfg=1.0, schedule=toy_sigmas)
         miss = pipe.generate(DONOR, seed=1)
         assert miss.report.steps == 4 and miss.donors.origin.sigma == pytest.approx(0.75) and seen == [1] * 4
         seen.clear()
-        hit = pipe.generate(SAME_SCENE, seed=2)
+        other = pipe.generate(SAME_SCENE, seed=2)  # golden retriever and sunny beach matched, another prompt
+        assert other.report.mode == "full" and "same prompt" in other.report.reason and seen == [1] * 4
+        seen.clear()
+        hit = pipe.generate("a golden retriever running along a sunny beach  at sunset", seed=2)  # DONOR, re-typed
     finally:
         handle.remove()
-    assert hit.report.mode == "full" and hit.report.steps == 4 and seen == [1] * 4  # cfg 1: one pass a step
-    assert "no restart below 16 full steps" in hit.report.reason and hit.report.hit_unusable
+    assert hit.report.mode == "fast" and hit.report.reuse == "restart" and seen == [1] * 3  # one pass saved
+    assert "resuming the donor's history" in hit.report.reuse_note and "1.33x" in hit.report.reuse_note
+    loaded = DonorSet.from_entry(*cache.store.load_latents(hit.report.donor_entry))
+    y, mask = toy_text_encode("a golden retriever running along a sunny beach  at sunset")
+    kwargs = opensora_model_kwargs(VIDEO.height, VIDEO.width, VIDEO.num_frames, 1, VIDEO.fps, mask, "cpu")
+    start = renoise(loaded.origin.latent, make_noise(pipe.shape, 2), 0.75)
+    args = (model, start, y, None, toy_sigmas(4)[1:], 1.0, None, kwargs)
+    want = sample(*args, solver="dpmpp_2m", history=(loaded.origin.latent, 1.0))
+    torch.testing.assert_close(hit.latent, want, atol=1e-5, rtol=1e-5)
+    assert (hit.latent - sample(*args, solver="dpmpp_2m")).abs().max() > 1e-4  # the history is used
+
+
+def test_few_step_hits_restart_only_from_a_donor_of_the_same_prompt():
+    few = dict(full_steps=4, cache_steps="", reuse="restart")
+    scene_only = _plan(_hit(scene=True, origin_sigma=0.75), **few)
+    assert scene_only.mode == "full" and "same prompt" in scene_only.report.reason
+    same = _plan(replace(_hit(scene=True, origin_sigma=0.75), same_prompt=True), **few)
+    assert same.mode == "fast" and same.restart.history_sigma == pytest.approx(1.0)
+    assert same.sigmas == pytest.approx((0.75, 0.5, 0.25, 0.0)) and same.restart.schedule.start_step == 1
+    two = _plan(replace(_hit(scene=True, origin_sigma=0.5), same_prompt=True), **few, restart_sigma=0.5)
+    assert two.sigmas == pytest.approx((0.5, 0.25, 0.0)) and two.restart.history_sigma == pytest.approx(0.75)
+    off = _plan(replace(_hit(scene=True, origin_sigma=0.6), same_prompt=True), **few)  # another schedule's
+    assert off.mode == "full" and "not on this 4-step schedule" in off.report.reason
+    many = _plan(_hit(scene=True), reuse="restart")  # 30 full steps: scene-only donors restart, without history
+    assert many.reuse == "restart" and many.restart.history is None
 
 
 def test_a_hit_that_cannot_restart_and_has_no_cache_steps_is_a_miss_that_says_why():

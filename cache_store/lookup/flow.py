@@ -62,6 +62,7 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
             return LookupResult(False, f"the entries that share the main subject show another scene ('{here}' "
                                        f"here, '{ranking.entry_scene(db, refused[0])}' there); a donor from another "
                                        "scene leaks its look into the video, so this is a miss", timings=timings)
+    candidates = ranking.same_prompt_first(db, entities.prompt, candidates)
     candidates, refused_why = ranking.decide(db, entities, candidates, rule)
     timings["select"] = time.perf_counter() - t1
     if not candidates and refused_why:

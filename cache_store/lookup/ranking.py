@@ -91,6 +91,22 @@ def rank(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str,
     return [r[0] for r in rows]
 
 
+def same_prompt(a: str, b: str) -> bool:
+    """Whether two prompts are the same text up to case and spacing (and not empty)."""
+    return " ".join(a.lower().split()) == " ".join(b.lower().split()) != ""
+
+
+def same_prompt_first(manifest: Any, prompt: str, candidates: list[int]) -> list[int]:
+    """The candidates with entries of this very prompt moved to the front (a re-rolled seed finds its own entry,
+    which a few-step model can restart from), the order kept otherwise."""
+    if not prompt or len(candidates) < 2:
+        return candidates
+    marks = ",".join("?" * len(candidates))
+    prompts = dict(manifest.query(f"SELECT id, prompt FROM entries WHERE id IN ({marks})", list(candidates)))
+    first = [c for c in candidates if same_prompt(prompt, str(prompts.get(c, "")))]
+    return first + [c for c in candidates if c not in first]
+
+
 def donor_side(manifest: Any, entry_id: int, dim: int) -> Any:
     """A stored entry's entities, roles and vectors, as the decision reads them (`decision.Side`)."""
     rows = manifest.query("SELECT e.text, e.kind, e.head, e.core, e.vector, p.role FROM postings p JOIN entities e "

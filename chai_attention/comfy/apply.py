@@ -33,6 +33,7 @@ from ..request import RequestPlan, Schedule, finish_fast, finish_full, trace_for
 from ..steps import match_step
 from .capture import ModelInputCapture
 from .prepare import patch, prepare
+from .resume import resume_sampler
 from .sample import restart_latent
 from .schedule import prepared_latent
 
@@ -60,6 +61,7 @@ class AppliedRun:
     switch_step: int = 0
     latent_in: Any = None  # the model's process_latent_in: a sampler's output LATENT -> the model-input space
     start_latent: dict[str, Any] | None = None  # a restart hit: the LATENT the sampler must start from
+    resumer: Any = None  # a few-step restart hit: the SAMPLER that resumes the donor's solver (resume.py)
     seconds: float = 0.0  # time inside the sampler nodes' sampling, summed
     samplings: int = 0
     problems: list[str] = field(default_factory=list)
@@ -132,6 +134,12 @@ class AppliedRun:
         elif not _same(values, tail):
             return latent_image, sigmas
         return mine.to(latent_image.device, latent_image.dtype), sigmas
+
+    def resumes(self, sigmas: Any) -> bool:
+        """Whether this sampling is a few-step restart's tail, which samples with `resumer` whatever sampler the
+        node chose (the lab found the resumed solver the only restart that keeps a few-step model's quality)."""
+        return (self.resumer is not None and isinstance(sigmas, Tensor)
+                and _same([float(s) for s in sigmas.reshape(-1).tolist()], self.plan.sigmas))
 
     def _restart_problem(self, noise: Any, latent_image: Any) -> str:
         """What is wrong with how a sampler starts a restart hit ('' when nothing is, or it is no restart). Called
@@ -213,7 +221,8 @@ class SamplingMonitor:
     def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
         if len(args) > 3:  # a restart hit may start the sampler elsewhere (AppliedRun.redirect)
             latent_image, sigmas = self.applied.redirect(args[1], args[3])
-            args = (args[0], latent_image, args[2], sigmas, *args[4:])
+            sampler = self.applied.resumer if self.applied.resumes(sigmas) else args[2]
+            args = (args[0], latent_image, sampler, sigmas, *args[4:])
         sigmas = args[3] if len(args) > 3 else kwargs.get("sigmas")
         noise = args[0] if args else kwargs.get("noise")
         latent_image = args[1] if len(args) > 1 else kwargs.get("latent_image")
@@ -289,6 +298,8 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
         applied.start_latent = {**latent, "samples": restart_latent(model, plan.restart.origin,
                                                                     prepared_latent(model, latent))}
         applied.switch_step = plan.restart.schedule.start_step + switch
+        if plan.restart.history is not None:
+            applied.resumer = resume_sampler(plan.restart.history, plan.restart.sigma)
     clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, MONITOR_KEY, SamplingMonitor(applied))
     log.info("[CHAI] apply: %s, %d steps", plan.mode, applied.steps)
     return clone, applied

@@ -18,6 +18,7 @@ from ..payloads import CacheHit, SampleTrace
 from ..request import Schedule, finish_fast, finish_full, trace_for
 from ..steps import as_sigmas
 from .prepare import patch, prepare
+from .resume import resume_sampler
 from .schedule import prepared_latent
 
 log = logging.getLogger(__name__)
@@ -95,14 +96,17 @@ def chai_sample(model: Any, positive: Any, negative: Any, latent: Mapping[str, A
         comfy.model_management.throw_exception_if_processing_interrupted()
         preview(step + offset, x0, x, total)
 
+    history = plan.restart.history if plan.restart is not None else None
+    # A few-step restart resumes the donor's solver, whatever sampler_name says (the report names it).
+    sampler = (resume_sampler(history, plan.restart.sigma) if plan.restart is not None and history is not None
+               else comfy.samplers.sampler_object(sampler_name))
     setup = time.perf_counter()
     out = samples
     try:
         for i, (clone, sigmas, _) in enumerate(stages):
             out = comfy.sample.sample_custom(
-                clone, noise if i == 0 else torch.zeros_like(noise), cfg, comfy.samplers.sampler_object(sampler_name),
-                sigmas, positive, negative, out, noise_mask=latent.get("noise_mask"), callback=callback,
-                disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
+                clone, noise if i == 0 else torch.zeros_like(noise), cfg, sampler, sigmas, positive, negative, out,
+                noise_mask=latent.get("noise_mask"), callback=callback, disable_pbar=not comfy.utils.PROGRESS_BAR_ENABLED, seed=seed)
             offset += len(sigmas) - 1
     finally:
         if plan.run is not None:

@@ -394,6 +394,43 @@ def test_restart_hit_is_the_same_video_through_sampler_custom_advanced_ksampler_
     assert (other - sca["latent"]["samples"]).abs().mean() > 0.05 * sca["latent"]["samples"].abs().mean()
 
 
+def test_a_few_step_restart_resumes_the_donors_solver_through_both_sampler_nodes_and_chai_sampler(comfy, env):
+    """Below 16 full steps a restart samples the schedule's own tail with DPM-Solver++(2M) resuming the donor's
+    history: CHAI Apply's MODEL swaps that sampler in for the node's euler (SamplerCustomAdvanced and
+    KSamplerAdvanced), and CHAI Sampler samples it itself; all three give one video. Another prompt of the same
+    scene does not restart there."""
+    cache = "t2-apply-few-step"
+    graph = ksampler_advanced(base_graph(cache, DOG_BEACH, "fs0"))
+    graph["apply"]["inputs"].update(full_steps=4, cache_steps="")
+    run_ok(comfy, graph)
+    miss = CAPTURED["fs0"]["trace"]
+    assert miss.mode == "full" and len(miss.sigmas) == 5 and miss.donors.origin is not None
+    outs = {}
+    for key, build in (("fs-sca", restart_custom), ("fs-ksa", restart_ksa)):
+        graph = build(base_graph(cache, DOG_BEACH, key))
+        graph["apply"]["inputs"].update(full_steps=4, cache_steps="")
+        graph["noise" if "noise" in graph else "sampler"]["inputs"]["noise_seed"] = SEED + 1  # a re-rolled seed
+        run_ok(comfy, graph)
+        trace = CAPTURED[key]["trace"]
+        assert trace.mode == "fast" and trace.report.reuse == "restart", trace.report.text()
+        assert abs(trace.sigmas[0] - miss.donors.origin.sigma) < 1e-6 and len(trace.sigmas) < len(miss.sigmas)
+        assert "resuming the donor's history" in trace.report.reuse_note
+        assert "not on CHAI's" not in trace.report.attention and "did not start" not in trace.report.attention
+        outs[key] = CAPTURED[key]["latent"]["samples"]
+    graph = chai_sampler_graph(cache, DOG_BEACH, "fs-sampler")
+    graph["sampler"]["inputs"].update(full_steps=4, cache_steps="", seed=SEED + 1)
+    run_ok(comfy, graph)
+    assert CAPTURED["fs-sampler"]["trace"].report.reuse == "restart"
+    for key in ("fs-ksa", "fs-sampler"):
+        got = CAPTURED[key]["latent"]["samples"] if key == "fs-sampler" else outs[key]
+        torch.testing.assert_close(got, outs["fs-sca"], atol=1e-5, rtol=1e-5)
+    graph = restart_custom(base_graph(cache, DOG_SLEEPS, "fs-scene"))
+    graph["apply"]["inputs"].update(full_steps=4, cache_steps="")
+    run_ok(comfy, graph)
+    trace = CAPTURED["fs-scene"]["trace"]
+    assert trace.mode == "full" and "same prompt" in trace.report.reason, trace.report.text()
+
+
 def test_graphs_saved_before_restarts_are_started_from_the_restart_latent(comfy, env):
     cache = "t2-apply-restart-old"
     run_ok(comfy, ksampler_advanced(base_graph(cache, DOG_BEACH, "ro0")))

@@ -277,6 +277,39 @@ def test_toy_workflow_miss_then_hit_saves_videos_and_the_hit_keeps_the_scene(com
     assert (found.scene, found.colour, found.motion) == ("beach", "blue", "left"), found
 
 
+def test_a_few_step_restart_through_chai_sampler_resumes_the_donors_solver(comfy, env):
+    """CHAI Sampler at 4 full steps and cfg 1 (the distilled path): a miss keeps its origin at the schedule's second
+    sigma; the same prompt at another seed restarts there and samples the last 3 steps with DPM-Solver++(2M)
+    resuming the donor's history (whatever sampler_name says), equal to the pure-torch reference of that."""
+    model_mod, sampler_mod = comfy.pack_module("toyworld.model"), comfy.pack_module("opensora.sampler")
+    restart_mod, latent_mod = comfy.pack_module("chai_attention.restart"), comfy.pack_module("toyworld.latent")
+    cache = f"toyworld-few-{uuid.uuid4().hex[:8]}"
+    runs = {}
+    for seed in (11, 12):
+        api, ids = _workflow(cache, MISS_PROMPT)
+        api[ids["CHAI_Sampler"]]["inputs"].update(full_steps=4, cfg=1.0, cache_steps="", seed=seed)
+        run_ok(comfy, api)
+        runs[seed] = dict(CAPTURED["wf"])
+    miss, hit = runs[11], runs[12]
+    assert miss["trace"].mode == "full" and len(miss["trace"].sigmas) == 5
+    trace = hit["trace"]
+    assert trace.mode == "fast" and trace.report.reuse == "restart" and len(trace.sigmas) == 4, trace.report.text()
+    assert "resuming the donor's history" in trace.report.reuse_note and "1.33x" in trace.report.reuse_note
+    full = model_mod.toy_sigmas(4).tolist()
+    assert np.allclose(trace.sigmas, full[1:])
+    origin = hit["hit"].donors.origin.latent.float()
+    video = model_mod.ToyVideoSpec()
+    y, mask = model_mod.toy_text_encoder().encode([MISS_PROMPT])
+    kwargs = {"mask": mask, **video.model_kwargs(1, "cpu")}
+    start = restart_mod.renoise(origin, sampler_mod.make_noise(video.latent_shape(1), 12), full[1])
+    want = sampler_mod.sample(env["reference"], start, y, None, full[1:], 1.0, None, kwargs, solver="dpmpp_2m",
+                              history=(origin, full[0]))
+    ref = latent_mod.decode(want)[0].numpy()
+    assert_same_clip(hit["images"][:, ::8, ::8].numpy(), ref)
+    fresh = sampler_mod.sample(env["reference"], start, y, None, full[1:], 1.0, None, kwargs, solver="dpmpp_2m")
+    assert np.abs(latent_mod.decode(fresh)[0].numpy() - ref).max() > 1e-3  # the history changed the clip
+
+
 class _StatusRecorder:
     """Stands in for PromptServer.instance: records the progress texts (node statuses) sent to the canvas."""
 
