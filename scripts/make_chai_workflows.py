@@ -140,20 +140,24 @@ OUT_X, SAVE_X = 1640, 2000  # decode and video columns of the t2v workflows (cha
 
 def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], negative: tuple[int, int],
                prompt: int, *, cache_name: str, cfg: float, sampler: str, scheduler: str, x: int,
-               with_lookup: bool = True, entity_text: tuple[int, int] | None = None) -> int:
+               with_lookup: bool = True, entity_text: tuple[int, int] | None = None,
+               steps: tuple[int, int] = (30, 8), cache_steps: str = PACK_CACHE_STEPS, restart_sigma: float = 0.8,
+               model_2: int | None = None) -> int:
     """Cache, entity extract (from `entity_text`, default the prompt), (lookup,) CHAI sampler and write; returns the
-    sampler's node id."""
+    sampler's node id. `model_2`: a second expert (Wan 2.2 A14B's low-noise model) for the lookup and sampler."""
     a, b, c = (x + dx for dx in CHAI_COLUMNS)
     cache = g.node("CHAI_CacheOpen", (a, 40), [cache_name, 2.0, "lru", "minilm"], size=(320, 300))
     ents = g.node("CHAI_EntityExtract", (a, 380), [""], size=(320, 240))
     g.link(*(entity_text or (prompt, 0)), ents, "prompt")
     sampler_id = g.node("CHAI_Sampler", (b, 460 if with_lookup else 40),
-                        [42, "randomize", cfg, sampler, scheduler, 30, 8, PACK_CACHE_STEPS, "replace", "cond",
-                         WAN22_BOUNDARY, "restart", 0.8],
+                        [42, "randomize", cfg, sampler, scheduler, *steps, cache_steps, "replace", "cond",
+                         WAN22_BOUNDARY, "restart", restart_sigma],
                         size=(380, 700))
     for name, (src, slot) in (("model", (model, 0)), ("positive", positive), ("negative", negative),
                               ("latent", (latent, 0))):
         g.link(src, slot, sampler_id, name)
+    if model_2 is not None:
+        g.link(model_2, 0, sampler_id, "model_2")
     if with_lookup:
         lookup = g.node("CHAI_CacheLookup", (b, 40), [0.0], size=(380, 380))
         g.link(cache, 0, lookup, "cache")
@@ -161,6 +165,8 @@ def chai_nodes(g: UIGraph, model: int, latent: int, positive: tuple[int, int], n
         g.link(model, 0, lookup, "model")
         g.link(latent, 0, lookup, "latent")
         g.link(lookup, 0, sampler_id, "hit")
+        if model_2 is not None:
+            g.link(model_2, 0, lookup, "model_2")
     write = g.node("CHAI_CacheWrite", (c, 40), [], size=(380, 300))
     g.link(cache, 0, write, "cache")
     g.link(ents, 0, write, "entities")
@@ -324,47 +330,70 @@ WAN22_NOTE = ("## CHAI on Wan 2.2 T2V A14B (two experts)\n\nComfyUI's two-sample
               "lookup and CHAI Apply as model_2: a cache entry serves this pair only.\n\n")
 WAN22_4STEP_NOTE = ("## CHAI on Wan 2.2 A14B with the 4-step LoRAs\n\nComfyUI's own Wan 2.2 template with the "
                     "lightx2v 4-step LoRAs on both experts: 4 steps at cfg 1 (4 model passes), shift 5, the "
-                    "switch at step 2. CHAI Apply runs with full_steps 4 and no cache steps: on a 4-step "
-                    "distilled model the pack's quality lab found no reuse that keeps quality (a restart from a "
-                    "same-scene donor was far worse than the model's own 4 steps), so a hit here is a miss whose "
-                    "report says why, and a hit saves no model pass. The cache still fills, so the same scenes "
-                    "hit when you sample them with the full 30-step graph. On the lab's distilled model, "
-                    "dpmpp_2m instead of euler gave better clips at 3 or 4 steps without any donor "
-                    "(docs/quality-lab.md); try it in both samplers.\n\n")
+                    "high-noise expert above sigma 0.875. CHAI Sampler runs both experts (model_2). On a few-step "
+                    "model only one reuse kept quality in the pack's lab: **the same prompt again with another "
+                    "seed** (a re-roll) restarts from its cached run after the first step and samples the last 3 "
+                    "with DPM-Solver++(2M) resuming that run's solver, 3 passes instead of 4; on the lab's "
+                    "distilled model that was better than its own 4 Euler steps, with the seed mattering as much. "
+                    "restart_sigma 0.8 skips two steps (2 passes): still better than the 4 Euler steps there, "
+                    "but the seed matters less. Any other prompt is a miss whose report says why "
+                    "(docs/quality-lab.md).\n\n")
 
 
-def wan22_a14b_t2v(distilled: bool = False) -> UIGraph:
-    """Wan 2.2 T2V A14B: the standard two-KSamplerAdvanced graph (high-noise then low-noise expert) with CHAI Apply;
-    `distilled`: with the 4-step lightx2v LoRAs at cfg 1, as ComfyUI's own template."""
-    g = UIGraph("chai_wan22_a14b_4step" if distilled else "chai_wan22_a14b_t2v")
-    loras = ("wan22_lightx2v_high", "wan22_lightx2v_low") if distilled else ()
-    g.note((-840 if distilled else -420, 40), (WAN22_4STEP_NOTE if distilled else WAN22_NOTE)
-           + files_note("wan22_t2v_high", "wan22_t2v_low", *loras, "umt5_xxl", "wan21_vae"),
-           size=(420, 560 if distilled else 520))
+def wan22_a14b_4step() -> UIGraph:
+    """Wan 2.2 T2V A14B with the 4-step lightx2v LoRAs at cfg 1, as ComfyUI's own template, on CHAI Sampler with
+    both experts: a re-rolled prompt restarts after the first step (restart_sigma 0.9: the schedule's 0.9375)."""
+    g = UIGraph("chai_wan22_a14b_4step")
+    loras = ("wan22_lightx2v_high", "wan22_lightx2v_low")
+    g.note((-840, 40), WAN22_4STEP_NOTE + files_note("wan22_t2v_high", "wan22_t2v_low", *loras, "umt5_xxl",
+                                                     "wan21_vae"), size=(420, 600))
+    prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
+    experts = []
+    for i, key in enumerate(("wan22_t2v_high", "wan22_t2v_low")):
+        unet = g.node("UNETLoader", (0, 240 + 280 * i), [MODEL_FILES[key]["name"], "default"], models=(key,),
+                      title=("High-noise expert", "Low-noise expert")[i])
+        lora = g.node("LoraLoaderModelOnly", (-360, 240 + 280 * i), [MODEL_FILES[loras[i]]["name"], 1.0],
+                      size=(340, 110), models=(loras[i],), title=("4-step LoRA, high", "4-step LoRA, low")[i])
+        g.link(unet, 0, lora, "model")
+        shift = g.node("ModelSamplingSD3", (0, 400 + 280 * i), [5.0], size=(300, 80))
+        g.link(lora, 0, shift, "model")
+        experts.append(shift)
+    high, low = experts
+    positive, negative = wan_text(g, prompt, 800)
+    latent = g.node("EmptyHunyuanLatentVideo", (0, 1320), [832, 480, 81, 1], size=(320, 160))
+    sampler = chai_nodes(g, high, latent, (positive, 0), (negative, 0), prompt, cache_name="wan22_a14b_4step",
+                         cfg=1.0, sampler="euler", scheduler="simple", x=440, steps=(4, 3), cache_steps="",
+                         restart_sigma=0.9, model_2=low)
+    vae = g.node("VAELoader", (OUT_X, 40), ["wan_2.1_vae.safetensors"], size=(320, 80), models=("wan21_vae",))
+    decode = g.node("VAEDecode", (OUT_X, 160), [], size=(220, 60))
+    g.link(sampler, 0, decode, "samples")
+    g.link(vae, 0, decode, "vae")
+    save_video(g, decode, 880, 16.0, "CHAI_wan22_a14b_4step", fps_from_decode=False)
+    return g
+
+
+def wan22_a14b_t2v() -> UIGraph:
+    """Wan 2.2 T2V A14B: the standard two-KSamplerAdvanced graph (high-noise then low-noise expert) with CHAI Apply."""
+    g = UIGraph("chai_wan22_a14b_t2v")
+    g.note((-420, 40), WAN22_NOTE + files_note("wan22_t2v_high", "wan22_t2v_low", "umt5_xxl", "wan21_vae"),
+           size=(420, 520))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
     unets = []
     for i, key in enumerate(("wan22_t2v_high", "wan22_t2v_low")):
         unet = g.node("UNETLoader", (0, 240 + 280 * i), [MODEL_FILES[key]["name"], "default"], models=(key,),
                       title=("High-noise expert", "Low-noise expert")[i])
-        source = unet
-        if distilled:
-            source = g.node("LoraLoaderModelOnly", (-360, 240 + 280 * i), [MODEL_FILES[loras[i]]["name"], 1.0],
-                            size=(340, 110), models=(loras[i],), title=("4-step LoRA, high", "4-step LoRA, low")[i])
-            g.link(unet, 0, source, "model")
-        shift = g.node("ModelSamplingSD3", (0, 400 + 280 * i), [5.0 if distilled else 8.0], size=(300, 80))
-        g.link(source, 0, shift, "model")
+        shift = g.node("ModelSamplingSD3", (0, 400 + 280 * i), [8.0], size=(300, 80))
+        g.link(unet, 0, shift, "model")
         unets.append(shift)
     high, low = unets
     positive, negative = wan_text(g, prompt, 800)
     latent = g.node("EmptyHunyuanLatentVideo", (0, 1320), [832, 480, 81, 1], size=(320, 160))
-    apply, cache, ents, _ = apply_nodes(g, high, latent, prompt, cache_name="wan22_a14b" + ("_4step" * distilled),
-                                        sampler="euler", x=440, cache_steps="" if distilled else "2,3,4",
-                                        model_2=low, steps=(4, 3) if distilled else (30, 8))
+    apply, cache, ents, _ = apply_nodes(g, high, latent, prompt, cache_name="wan22_a14b", sampler="euler", x=440,
+                                        cache_steps="2,3,4", model_2=low)
     samplers = []
-    steps, cfg = (4, 1.0) if distilled else (30, 3.5)
     for i, (model, noise, leftover) in enumerate(((apply, "enable", "enable"), (low, "disable", "disable"))):
         ks = g.node("KSamplerAdvanced", (1120, 40 + 560 * i),
-                    [noise, 42, "randomize", steps, cfg, "euler", "simple", 0, 10000, leftover], size=(340, 520),
+                    [noise, 42, "randomize", 30, 3.5, "euler", "simple", 0, 10000, leftover], size=(340, 520),
                     title=("High-noise steps", "Low-noise steps")[i])
         g.link(model, 0, ks, "model")
         g.link(positive, 0, ks, "positive")
@@ -378,7 +407,7 @@ def wan22_a14b_t2v(distilled: bool = False) -> UIGraph:
     decode = g.node("VAEDecode", (1500, 760), [], size=(220, 60))
     g.link(samplers[1], 0, decode, "samples")
     g.link(vae, 0, decode, "vae")
-    save_video(g, decode, 880, 16.0, "CHAI_wan22_a14b" + ("_4step" * distilled), fps_from_decode=False)
+    save_video(g, decode, 880, 16.0, "CHAI_wan22_a14b", fps_from_decode=False)
     return g
 
 
@@ -622,7 +651,7 @@ WORKFLOWS = {"chai_opensora_t2v": opensora_t2v, "chai_wan21_t2v": wan21_t2v,
              "chai_opensora_warmup": opensora_warmup, "chai_toy_t2v": toy_t2v,
              "chai_wan22_a14b_t2v": wan22_a14b_t2v, "chai_wan22_5b_i2v": wan22_5b_i2v,
              "chai_hunyuan_video_t2v": hunyuan_video_t2v, "chai_ltxv_t2v": ltxv_t2v,
-             "chai_toy_one_node": toy_one_node, "chai_wan22_a14b_4step": lambda: wan22_a14b_t2v(distilled=True)}
+             "chai_toy_one_node": toy_one_node, "chai_wan22_a14b_4step": wan22_a14b_4step}
 # The UI files' names. ComfyUI's template browser (frontend 1.27.10) titles a custom node pack's template with its
 # file name in two lines of a 16rem card and describes it with the same name ('-' and '_' shown as spaces; the
 # frontend has no other description for a pack's template), so the names are short titles (at most

@@ -265,11 +265,13 @@ def test_wan22_a14b_workflow_is_the_two_sampler_graph_with_chai_apply_on_the_hig
     assert only(api, "CHAI_CacheWrite")[1]["inputs"]["trace"] == [trace_id, 0]
 
 
-def test_wan22_4step_workflow_is_comfys_lora_template_with_chai_apply_taking_no_fast_path():
+def test_wan22_4step_workflow_is_comfys_lora_template_on_chai_sampler_with_both_experts():
     _, api = load("chai_wan22_a14b_4step")
-    apply_id, apply = only(api, "CHAI_Apply")
-    # the distilled path: 4 full steps, no cache steps, so a hit is a miss that says why (issue 27's lab)
-    assert (apply["inputs"]["full_steps"], apply["inputs"]["fast_steps"], apply["inputs"]["cache_steps"]) == (4, 3, "")
+    sampler_id, sampler = only(api, "CHAI_Sampler")
+    inputs = sampler["inputs"]
+    # the distilled path: 4 full steps at cfg 1, no cache steps; a re-rolled prompt restarts after the first step
+    assert (inputs["full_steps"], inputs["cache_steps"], inputs["cfg"], inputs["reuse"]) == (4, "", 1.0, "restart")
+    assert inputs["restart_sigma"] == 0.9  # nearest of shift 5's 4-step sigmas: 0.9375, after the first step
     loras = by_type(api, "LoraLoaderModelOnly")
     assert sorted(n["inputs"]["lora_name"] for _, n in loras) == [
         "wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors",
@@ -278,9 +280,11 @@ def test_wan22_4step_workflow_is_comfys_lora_template_with_chai_apply_taking_no_
     lora_ids = {i for i, _ in loras}
     shifts = by_type(api, "ModelSamplingSD3")
     assert {n["inputs"]["model"][0] for _, n in shifts} == lora_ids and {n["inputs"]["shift"] for _, n in shifts} == {5.0}
-    for _, ks in by_type(api, "KSamplerAdvanced"):
-        assert ks["inputs"]["cfg"] == 1.0 and ks["inputs"]["steps"] == [apply_id, 2]
-    assert apply["inputs"]["model_2"] != apply["inputs"]["model"]
+    assert inputs["model_2"] != inputs["model"] and {inputs["model"][0], inputs["model_2"][0]} == {i for i, _ in shifts}
+    _, lookup = only(api, "CHAI_CacheLookup")
+    assert (lookup["inputs"]["model"], lookup["inputs"]["model_2"]) == (inputs["model"], inputs["model_2"])
+    assert not by_type(api, "KSamplerAdvanced") and only(api, "VAEDecode")[1]["inputs"]["samples"] == [sampler_id, 0]
+    assert only(api, "CHAI_CacheWrite")[1]["inputs"]["trace"] == [sampler_id, 1]
 
 
 def test_wan22_5b_image_workflow_feeds_sampler_custom_advanced_and_ties_donors_to_the_image():
