@@ -61,13 +61,17 @@ def reuse_inputs(apply_note: str = "") -> list[Any]:
               tooltip="How a hit reuses its donor. 'restart' (default): start from the donor's latent at "
                       "restart_sigma with this request's own noise (the seed still matters) and run fast_steps "
                       "from there: in the quality lab it kept the full run's quality (docs/quality-lab.md). Taken "
-                      "only for a donor of the same scene; others get Cache Attention. 'cache_attention': the "
-                      "paper's, from noise. 'both': a restart, then Cache Attention at cache_steps." + apply_note),
+                      "only for a donor of the same scene; others get Cache Attention. Under 16 full_steps (a "
+                      "distilled few-step model) only a re-rolled seed of the same prompt restarts, on the model's "
+                      "own schedule, resuming the cached run's DPM-Solver++(2M) whatever sampler is set. "
+                      "'cache_attention': the paper's, from noise. 'both': a restart, then Cache Attention at "
+                      "cache_steps." + apply_note),
         io.Float.Input("restart_sigma", default=constants.DEFAULT_RESTART_SIGMA, min=0.05, max=0.95, step=0.05,
                        optional=True,
                        tooltip="The noise level a restart starts at (a miss stores its latent there). Lower "
                                "starts later and copies more of the donor: below about 0.7 the donor's object "
-                               "shows through in the lab."),
+                               "shows through in the lab. On a few-step model the restart starts at the "
+                               "schedule's own sigma nearest this one (0.9 on Wan's 4-step shift-5: after step 1)."),
     ]
 
 
