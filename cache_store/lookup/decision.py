@@ -23,6 +23,10 @@ what the two prompts share, from the entities and vectors the store already keep
   missing_x_length  main_missing times n_request: a scene-only match means less the longer the request (in
                  long prose every clause names a place; in a short prompt the place may be the point)
   n_request      the request's entity count (log), n_donor the donor's
+  scene_primary  the request's first-named scene is matched by a donor scene (in prose, later places are
+                 backdrops); scene_backdrop: main_missing and not scene_primary; subjects_differ: main_missing
+                 and donor_main_missing (each side shows a main subject the other lacks). The request's order
+                 only: the store reads a donor's entities in entity-id order, not in its prompt's
 
 The weights, the features used and the acceptance threshold were fitted to labelled pairs and chosen by
 leave-one-style-out cross-validation (`python -m bench.fit_decision`, which writes data/decision.json).
