@@ -40,6 +40,12 @@ FEATURE_SETS: dict[str, tuple[str, ...] | str | None] = {
     "sims+primary+context": ("main_sim", "scene_sim", "cross_sim", "scene_conflict", "primary_missing",
                              "donor_primary_missing", "primary_best", "donor_primary_best", "context_sim",
                              "bag_sim"),
+    # Issue 25's scene-only hits: is the matched scene the request's first-named one, and does each side have
+    # a main subject the other lacks (request order only; the store keeps no order of a donor's entities).
+    "sims+primary+length+scene": ("main_sim", "scene_sim", "cross_sim", "secondary_sim", "scene_conflict",
+                                  "main_missing", "donor_main_missing", "context_sim", "bag_sim", "primary_missing",
+                                  "primary_best", "n_request", "missing_x_length", "scene_primary",
+                                  "scene_backdrop", "subjects_differ"),
     "all": None,  # every feature of decision.FEATURES
     # Not available to the store (it keeps no vector of a donor's whole prompt, and a second encoder forward per
     # lookup would double the embedding cost): shown to measure what that signal would add.

@@ -33,6 +33,35 @@ def test_a_scene_only_match_says_the_main_subject_is_missing():
     assert same["context_sim"] == pytest.approx(1.0, abs=1e-5) and same["bag_sim"] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_a_scene_only_match_on_a_later_scene_is_a_backdrop():
+    horse = Entity("white horse", "object", "horse", "main")
+    beach, city = Entity("beach", "scene", "beach", "scene"), Entity("city", "scene", "city", "scene")
+    bear = Entity("bear", "object", "bear", "main")
+    first = features(side(horse, beach, city), side(bear, beach), HitRule(0.65))
+    assert first["scene_primary"] == 1.0 and first["scene_backdrop"] == 0.0 and first["subjects_differ"] == 1.0
+    later = features(side(horse, beach, city), side(bear, city), HitRule(0.65))
+    assert later["scene_primary"] == 0.0 and later["scene_backdrop"] == 1.0
+    plate = features(side(horse, beach), side(beach), HitRule(0.65))  # a donor that is only the place
+    assert plate["subjects_differ"] == 0.0 and plate["main_missing"] == 1.0 and plate["scene_primary"] == 1.0
+    same = features(side(horse, city, beach), side(horse, beach), HitRule(0.65))
+    assert same["scene_backdrop"] == 0.0 and same["scene_primary"] == 0.0  # the main subject matched
+
+
+def test_the_shipped_features_do_not_depend_on_the_donors_entity_order():
+    # The store reads a donor's entities in entity-id order, not prompt order: what the shipped model reads
+    # must be the same either way.
+    model = default_decision()
+    assert model is not None
+    horse, shore = Entity("white horse", "object", "horse", "main"), Entity("shore", "scene", "shore", "scene")
+    donor = (Entity("bear", "object", "bear", "main"), Entity("fish", "object", "fish", "main"),
+             Entity("cave", "scene", "cave", "scene"), shore, Entity("rock", "object", "rock", "secondary"))
+    request = side(horse, Entity("sky", "scene", "sky", "scene"), shore)
+    a = features(request, side(*donor), HitRule(0.65))
+    b = features(request, side(*reversed(donor)), HitRule(0.65))
+    assert a["scene_sim"] == pytest.approx(1.0, abs=1e-5)
+    assert {k: round(a[k], 6) for k in model.weights} == {k: round(b[k], 6) for k in model.weights}
+
+
 def test_look_alike_compounds_and_other_scenes_are_features():
     lion, sea_lion = Entity("lion", "object", "lion", "main"), Entity("sea lion", "object", "lion", "main", "sea lion")
     values = features(side(lion), side(sea_lion), HitRule(0.1))

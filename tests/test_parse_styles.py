@@ -46,8 +46,23 @@ def test_verbs_tagged_as_plural_nouns_are_verbs_and_adjectives_never_entities(ex
     assert not any(t.endswith(("change", "swing", "turn")) for t in got)
 
 
+@pytest.mark.parametrize("prompt, main, verb", [
+    ("A red fox trots through a silent snowy forest in the early morning, its bright orange fur standing out "
+     "against the white landscape.", "red fox", "trot"),
+    ("A young surfer paddles out and catches a huge turquoise wave off the coast of Hawaii.", "young surfer",
+     "paddle"),
+    ("A sleek high-speed train glides through a snowy landscape with Mount Fuji rising in the background.",
+     "sleek high-speed train", "glide"),
+])
+def test_prose_verbs_beside_a_participle_or_their_own_conjunct_are_verbs(extractor, prompt, main, verb):
+    got = roles(extractor, prompt)
+    assert got.get(main) == "main"
+    assert not any(t.endswith(" " + verb) for t in got)
+
+
 def test_a_plural_noun_with_its_own_verb_stays_a_noun(extractor):
     assert "dog toy" in roles(extractor, "the dog toys lie on the floor")
+    assert "dog toy" in roles(extractor, "the dog toys lie on the floor while the puppy is sleeping")
     assert "city light" in roles(extractor, "city lights at night")
 
 

@@ -6,8 +6,9 @@
   determiner-led run, the only word of a one-word prompt.
 - **Verbs** the taggers take for nouns: the word after a camera word ("The camera orbits around", "camera pans
   left", "camera zoom in"), and a verb's -s form after a singular noun that opens the sentence with a singular
-  determiner, when no other verb is in the sentence ("A lion changes from big to small", "a batter swings at a
-  pitch", tagged NNS). Such a word ends a candidate span and is never a head.
+  determiner, when the sentence has no finite verb that word does not govern ("A lion changes from big to small",
+  "a batter swings at a pitch", "A red fox trots through the snow, its fur standing out", tagged NNS). Such a
+  word ends a candidate span and is never a head.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 from .wordclass import WordClasses
 
 if TYPE_CHECKING:
-    from spacy.tokens import Doc, Token
+    from spacy.tokens import Doc, Span, Token
 
 _HEAD_POS = frozenset({"NOUN", "PROPN"})
 _NOMINAL_DEPS = frozenset({"nsubj", "nsubjpass", "dobj", "pobj", "appos"})
@@ -25,6 +26,7 @@ CAMERA_WORDS = frozenset({"camera", "cameras", "cam", "lens", "viewpoint", "pov"
 # Determiners that need a singular noun: "a lion changes" cannot be a plural compound.
 _SINGULAR_DETS = frozenset({"a", "an", "the", "each", "every", "one", "this", "that"})
 _VERB_POS = frozenset({"VERB", "AUX"})
+_FINITE_TAGS = frozenset({"VBZ", "VBP", "VBD", "MD"})
 
 
 @dataclass
@@ -58,16 +60,29 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
         if tok.tag_ not in ("NNS", "VBZ") or not tok.lower_.endswith("s") or prev.tag_ not in ("NN", "NNP"):
             continue
         sent = tok.sent if doc.has_annotation("DEP") else doc[:]
-        if any(t.pos_ in _VERB_POS and t.i != tok.i for t in sent):
+        if _has_finite_verb(sent, tok):
             continue  # "the dog toys lie on the floor": the sentence has its verb
         j = prev.i
-        while j > sent.start and doc[j - 1].pos_ in ("ADJ", "NOUN", "PROPN") and doc[j - 1].tag_ != "NNS":
+        while j > sent.start and (doc[j - 1].pos_ in ("ADJ", "NOUN", "PROPN") or doc[j - 1].tag_ == "HYPH") \
+                and doc[j - 1].tag_ != "NNS":  # "a sleek high-speed train glides"
             j -= 1
         det = doc[j - 1] if j > sent.start else None
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
         if det is not None and det.lower_ in _SINGULAR_DETS and (nxt is None or nxt.pos_ not in _HEAD_POS):
             out.add(tok.i)
     return out
+
+
+def _has_finite_verb(sent: "Span", tok: "Token") -> bool:
+    """Whether the sentence has a verb other than `tok` that can be its main verb: a finite one (VBZ, VBP, VBD,
+    MD) that `tok` does not govern. A participle does not count ("A red fox trots through the snow, its fur
+    standing out"), nor a verb `tok` governs ("A surfer paddles out and catches a wave")."""
+    for t in sent:
+        if t.i == tok.i or t.pos_ not in _VERB_POS or t.tag_ not in _FINITE_TAGS:
+            continue
+        if not tok.is_ancestor(t):
+            return True
+    return False
 
 
 def _repaired_nouns(doc: "Doc", words: WordClasses) -> set[int]:

@@ -23,6 +23,10 @@ what the two prompts share, from the entities and vectors the store already keep
   missing_x_length  main_missing times n_request: a scene-only match means less the longer the request (in
                  long prose every clause names a place; in a short prompt the place may be the point)
   n_request      the request's entity count (log), n_donor the donor's
+  scene_primary  the request's first-named scene is matched by a donor scene (in prose, later places are
+                 backdrops); scene_backdrop: main_missing and not scene_primary; subjects_differ: main_missing
+                 and donor_main_missing (each side shows a main subject the other lacks). The request's order
+                 only: the store reads a donor's entities in entity-id order, not in its prompt's
 
 The weights, the features used and the acceptance threshold were fitted to labelled pairs and chosen by
 leave-one-style-out cross-validation (`python -m bench.fit_decision`, which writes data/decision.json).
@@ -46,7 +50,8 @@ CONTEXT_WEIGHT = 0.5
 FEATURES = ("main_sim", "scene_sim", "cross_sim", "secondary_sim", "context_sim", "bag_sim", "scene_conflict",
             "same_head", "compound_differs", "generic_person", "n_request", "n_donor", "main_missing",
             "donor_main_missing", "primary_missing", "donor_primary_missing",
-            "primary_best", "donor_primary_best", "missing_x_length")
+            "primary_best", "donor_primary_best", "missing_x_length", "scene_primary", "scene_backdrop",
+            "subjects_differ")
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,11 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
     out["primary_best"] = max(0.0, float(same[mains[0]].max())) if mains else 0.0
     out["donor_primary_best"] = max(0.0, float(same[:, theirs[0]].max())) if theirs else 0.0
     out["missing_x_length"] = out["main_missing"] * out["n_request"]
+    # Where the match is only the scene, how much the scene is the prompt's setting (issue 25's scene-only hits).
+    matched_scenes = [i for i in here if found[i, there].any()] if there else []
+    out["scene_primary"] = float(bool(here) and bool(matched_scenes) and matched_scenes[0] == here[0])
+    out["scene_backdrop"] = out["main_missing"] * (1.0 - out["scene_primary"])
+    out["subjects_differ"] = out["main_missing"] * out["donor_main_missing"]
     out["bag_sim"] = float(_unit(request.vectors.mean(axis=0)) @ _unit(donor.vectors.mean(axis=0)))
     return out
 
