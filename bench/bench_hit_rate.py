@@ -43,10 +43,11 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+from comfyui_chai.cache_store.lookup.ranking import same_prompt
 from comfyui_chai.cache_store.lookup.rule import HitRule
 
 from bench._common import DEFAULT_PROMPTS, REPO, load_prompts, shorten, table
@@ -87,6 +88,8 @@ class Run:
     held_end: int = 0
     size_mismatch: int = 0
     seconds: float = 0.0
+    restart_hits: int = 0    # hits with a scene match (a restart on a many-step model; the rest borrow attention)
+    same_prompt_hits: int = 0  # hits on an entry of the very same prompt (the only few-step restart)
     matches: list = field(default_factory=list)   # (query prompt, query entity, stored entity, sim, donor prompt)
     hit_pairs: list = field(default_factory=list)  # (query prompt, donor prompt) of every hit
 
@@ -159,9 +162,11 @@ class Replayer:
             if index is not None and len(index):
                 _, sims = index.query(ee.vectors, 1)
                 run.entity_any += int(np.sum(sims[:, 0] >= threshold))
-            res = store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold), load=False)
+            res = store.lookup(replace(ee, prompt=prompts[i]), FINGERPRINT, SHAPE, HitRule(threshold), load=False)
             if res.hit:
                 run.hits += 1
+                run.restart_hits += any(m.role == "scene" for m in res.matches)
+                run.same_prompt_hits += same_prompt(prompts[i], res.entry.prompt if res.entry else "")
                 run.hit_pairs.append((prompts[i], res.entry.prompt if res.entry else "?"))
                 run.entity_donor += len(res.matches)
                 if keep_matches:
@@ -290,6 +295,22 @@ def print_usefulness(entity: Run, prompt: Run, threshold: float, export: Path | 
             for request, donor in unlabelled:
                 f.write(json.dumps({"request": request, "donor": donor}, ensure_ascii=False) + "\n")
         print(f"  {len(unlabelled)} unlabelled hit pairs written to {export}")
+
+
+def print_stream_speedup(run: Run, full: int = 30, fast: int = 8, few: int = 4) -> None:
+    """The stream's speedup in model evaluations per CFG branch: on the 30-step path every hit samples `fast`
+    steps (a restart or Cache Attention); on a few-step model only a same-prompt hit restarts, one step short.
+    (Few-step: counted on this replay, where every hit was served fast and not stored; there the other hits
+    would be misses and stored, so later lookups could differ slightly.)"""
+    served, hits = max(run.served, 1), run.hits
+    many = served * full / ((served - hits) * full + hits * fast)
+    few_step = served * few / (served * few - run.same_prompt_hits)
+    print(f"\nstream speedup in model evaluations ({run.served} served, threshold {run.threshold:.2f}, budget "
+          f"{run.budget:.0%})")
+    print(table(["path", "hits served fast", "of them restarts", "speedup against all misses"], [
+        [f"{full} full / {fast} fast steps", f"{hits} ({run.hit_rate:.1%})", f"{run.restart_hits}", f"{many:.2f}x"],
+        [f"{few} full steps (distilled): same-prompt re-rolls only", f"{run.same_prompt_hits}",
+         f"{run.same_prompt_hits}", f"{few_step:.2f}x"]]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -454,6 +475,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table(["query entity", "matched entity", "sim", "query prompt", "donor prompt"], rows, "llrll"))
 
     print_usefulness(e10, p10, default_thr, args.export_unlabelled, label_sets=not args.style_set)
+    print_stream_speedup(e10)
 
     if not args.no_plot:
         plot(args.out, by_thr, by_budget, thresholds, budgets, default_thr, n)

@@ -58,6 +58,16 @@ def test_an_empty_prompt_file_is_a_message_not_a_traceback(tmp_path):
     assert "holds no prompts" in str(stopped.value.code)
 
 
+def test_the_stream_speedup_counts_fast_hits_and_only_same_prompt_re_rolls_on_the_few_step_path(capsys):
+    from bench import bench_hit_rate
+
+    run = bench_hit_rate.Run("entity", 0.65, 0.1, 10, served=10, hits=5, restart_hits=3, same_prompt_hits=2)
+    bench_hit_rate.print_stream_speedup(run)
+    out = capsys.readouterr().out
+    assert f"{300 / (5 * 30 + 5 * 8):.2f}x" in out  # 1.58x: 5 misses at 30, 5 hits at 8
+    assert f"{40 / 38:.2f}x" in out  # 1.05x: two re-rolls save one of 4 evaluations each
+
+
 def test_the_weights_hint_matches_the_readme_training_run(tmp_path):
     from comfyui_chai.toyworld.model import load_toy_model
 
