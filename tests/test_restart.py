@@ -281,3 +281,17 @@ def test_a_hit_that_cannot_restart_and_has_no_cache_steps_is_a_miss_that_says_wh
     plan = _plan(_hit(scene=False), reuse="restart", cache_steps="")
     assert plan.mode == "full" and plan.report.hit_unusable
     assert "not the scene" in plan.report.reason and "no cache steps" in plan.report.reason
+
+
+def test_which_restarts_the_two_ksampler_graph_can_run():
+    from comfyui_chai.chai_attention.comfy.apply import two_expert_refusal
+
+    below = _plan(_hit(scene=True), reuse="restart")  # starts at 0.8
+    assert two_expert_refusal(below, 0.875) == ""  # wholly on the second expert: the first hands it over
+    assert "would start on the first expert" in two_expert_refusal(below, 0.7)
+    both = _plan(_hit(scene=True), reuse="both")
+    assert "Cache Attention after a restart" in two_expert_refusal(both, 0.875)
+    few = _plan(replace(_hit(scene=True, origin_sigma=0.75), same_prompt=True), full_steps=4, cache_steps="",
+                reuse="restart")
+    assert "CHAI Sampler with model_2" in two_expert_refusal(few, 0.875)
+    assert two_expert_refusal(_plan(_hit(scene=False), reuse="restart"), 0.875) == ""  # no restart at all

