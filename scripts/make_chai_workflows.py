@@ -323,11 +323,13 @@ def trace_and_write(g: UIGraph, apply: int, samples: int, cache: int, ents: int,
 
 WAN22_NOTE = ("## CHAI on Wan 2.2 T2V A14B (two experts)\n\nComfyUI's two-sampler Wan 2.2 graph with CHAI "
               "Apply on the high-noise expert: it gives both KSamplerAdvanced their step count (30 on a "
-              "miss, 8 on a hit) and the switch step (where sigma falls below 0.875). Cache Attention runs "
-              "at steps 2, 3, 4 of a hit (the paper's setting; the pack's default 5,6 would fall on the "
-              "low-noise expert, which CHAI Apply does not patch), all on the high-noise expert. The "
-              "low-noise expert goes to the "
-              "lookup and CHAI Apply as model_2: a cache entry serves this pair only.\n\n")
+              "miss) and the switch step (where sigma falls below 0.875). A hit that shares the donor's "
+              "scene restarts at sigma 0.8, below the switch: the first sampler takes no step and hands the "
+              "donor's latent, noised with its seed, to the second, which samples the last 8 steps. A hit "
+              "that shares only the main subject runs Cache Attention at steps 2, 3, 4 of 8 (the paper's "
+              "setting; the pack's default 5,6 would fall on the low-noise expert, which CHAI Apply does not "
+              "patch). The low-noise expert goes to the lookup and CHAI Apply as model_2: a cache entry "
+              "serves this pair only.\n\n")
 WAN22_4STEP_NOTE = ("## CHAI on Wan 2.2 A14B with the 4-step LoRAs\n\nComfyUI's own Wan 2.2 template with the "
                     "lightx2v 4-step LoRAs on both experts: 4 steps at cfg 1 (4 model passes), shift 5, the "
                     "high-noise expert above sigma 0.875. CHAI Sampler runs both experts (model_2). On a few-step "
