@@ -109,10 +109,17 @@ def distilled_relation_grid(full_steps: int = 4) -> list[Condition]:
     return out
 
 
+def restart_relation_grid(full_steps: int = 30) -> list[Condition]:
+    """The 30-step model: the default restart from a scene donor against one of the same object and scene in
+    another colour (which the product's same-scene rule also restarts from)."""
+    r = lambda rel: Condition("restart", 8, rel, TABLE_SIGMA)  # noqa: E731
+    return _full(full_steps) + [Condition("plain", 8), r("scene"), r("subject_scene")]
+
+
 GRIDS = {"table": table_grid, "quick": quick_grid, "restart": restart_grid, "distilled": distilled_grid,
          "solvers": solvers_grid, "restart_solver": restart_solver_grid,
          "distilled_solver": distilled_solver_grid, "distilled_history": distilled_history_grid,
-         "distilled_relation": distilled_relation_grid}
+         "distilled_relation": distilled_relation_grid, "restart_relation": restart_relation_grid}
 
 
 def _rk(n: int, rel: str, sigma: float = TABLE_SIGMA) -> CellKey:
@@ -194,11 +201,19 @@ COMPARISONS_4_RELATION: tuple[tuple[CellKey, CellKey], ...] = (
 )
 
 
+# Fixed before its run: is a same-object-and-scene donor in another colour as safe a restart on the 30-step model
+# as the lab's scene donor?
+COMPARISONS_RELATION: tuple[tuple[CellKey, CellKey], ...] = (
+    (_rk(8, "subject_scene"), _REF30), (_rk(8, "subject_scene"), _rk(8, "scene")),
+    (_rk(8, "subject_scene"), ("plain", "-", 8, "-")),
+)
+
+
 def comparisons_for(grid: str) -> tuple[tuple[CellKey, CellKey], ...]:
     """The fixed comparison list of a grid."""
     return {"distilled": COMPARISONS_4, "solvers": COMPARISONS_SOLVERS, "restart_solver": COMPARISONS_RESTART_SOLVER,
             "distilled_solver": COMPARISONS_4_SOLVER, "distilled_history": COMPARISONS_4_HISTORY,
-            "distilled_relation": COMPARISONS_4_RELATION}.get(grid, COMPARISONS_30)
+            "distilled_relation": COMPARISONS_4_RELATION, "restart_relation": COMPARISONS_RELATION}.get(grid, COMPARISONS_30)
 
 
 def aa_for(grid: str) -> tuple[CellKey, ...]:
@@ -211,6 +226,8 @@ def aa_for(grid: str) -> tuple[CellKey, ...]:
         return (_REF4, _DPM(3), _rh(3, "same", 0.75))
     if grid == "distilled_relation":
         return (_REF4, _rh(3, "subject_scene", 0.75))
+    if grid == "restart_relation":
+        return (_REF30, _rk(8, "subject_scene"))
     return AA_4 if grid in ("distilled",) else AA_30  # (the solver check runs one seed: no A/A)
 
 
