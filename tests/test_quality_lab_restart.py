@@ -112,6 +112,18 @@ def test_fixed_comparisons_name_conditions_their_grids_run():
     assert any(c.kind == "restart" for c in quick)  # --quick includes a restart row
 
 
+@pytest.mark.parametrize("grid", ["distilled", "solvers", "restart_solver", "distilled_solver", "distilled_history",
+                                  "distilled_relation", "restart_relation"])
+def test_every_grid_runs_the_conditions_its_fixed_comparisons_and_a_a_checks_name(grid):
+    from lab.restart_grids import aa_for, comparisons_for
+
+    keys = {c.key for c in GRIDS[grid]()}
+    pairs = comparisons_for(grid)
+    assert pairs and pairs != COMPARISONS_30 or grid == "table"
+    assert all(a in keys and b in keys for a, b in pairs), grid
+    assert all(k in keys for k in aa_for(grid)) or grid == "solvers", grid
+
+
 # ---------------------------------------------------------------------------------------------- restart arithmetic
 
 def test_restart_plan_is_the_products_schedule_arithmetic():
