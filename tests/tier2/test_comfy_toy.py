@@ -30,6 +30,7 @@ NODES = {"CHAI_ToyTextEncode": "CHAI Toy Text Encode", "CHAI_ToyEmptyLatent": "C
          "CHAI_ToyDecode": "CHAI Toy Decode"}
 MISS_PROMPT = "a red ball bouncing across a sunny beach"
 HIT_PROMPT = "a blue kite drifting left across a sandy beach"
+FEW_PROMPT = "a green box sliding right through a pine forest"
 SEED = 7
 CAPTURED: dict[str, dict[str, Any]] = {}
 
@@ -283,10 +284,10 @@ def test_a_few_step_restart_through_chai_sampler_resumes_the_donors_solver(comfy
     resuming the donor's history (whatever sampler_name says), equal to the pure-torch reference of that."""
     model_mod, sampler_mod = comfy.pack_module("toyworld.model"), comfy.pack_module("opensora.sampler")
     restart_mod, latent_mod = comfy.pack_module("chai_attention.restart"), comfy.pack_module("toyworld.latent")
-    cache = f"toyworld-few-{uuid.uuid4().hex[:8]}"
+    cache = f"toyworld-few-{uuid.uuid4().hex[:8]}"  # its own prompt: ComfyUI would serve later tests' nodes cached
     runs = {}
     for seed in (11, 12):
-        api, ids = _workflow(cache, MISS_PROMPT)
+        api, ids = _workflow(cache, FEW_PROMPT)
         api[ids["CHAI_Sampler"]]["inputs"].update(full_steps=4, cfg=1.0, cache_steps="", seed=seed)
         run_ok(comfy, api)
         runs[seed] = dict(CAPTURED["wf"])
@@ -299,7 +300,7 @@ def test_a_few_step_restart_through_chai_sampler_resumes_the_donors_solver(comfy
     assert np.allclose(trace.sigmas, full[1:])
     origin = hit["hit"].donors.origin.latent.float()
     video = model_mod.ToyVideoSpec()
-    y, mask = model_mod.toy_text_encoder().encode([MISS_PROMPT])
+    y, mask = model_mod.toy_text_encoder().encode([FEW_PROMPT])
     kwargs = {"mask": mask, **video.model_kwargs(1, "cpu")}
     start = restart_mod.renoise(origin, sampler_mod.make_noise(video.latent_shape(1), 12), full[1])
     want = sampler_mod.sample(env["reference"], start, y, None, full[1:], 1.0, None, kwargs, solver="dpmpp_2m",
