@@ -189,6 +189,15 @@ def save_video(g: UIGraph, decode: int, video_y: int, fps: float, prefix: str,
     g.link(video, 0, save, "video")
 
 
+def decode_and_save(g: UIGraph, samples: int, vae: int, pos: tuple[int, int], video_y: int, fps: float, prefix: str,
+                    vae_slot: int = 0) -> None:
+    """VAEDecode of a sampler's LATENT with ComfyUI's own VAE node (`vae`'s output `vae_slot`), then `save_video`."""
+    decode = g.node("VAEDecode", pos, [], size=(220, 60))
+    g.link(samples, 0, decode, "samples")
+    g.link(vae, vae_slot, decode, "vae")
+    save_video(g, decode, video_y, fps, prefix, fps_from_decode=False)
+
+
 def opensora_t2v() -> UIGraph:
     """OpenSora 1.2 + CHAI, decoded to a saved video."""
     g = UIGraph("chai_opensora_t2v")
@@ -265,10 +274,7 @@ def wan21_t2v() -> UIGraph:
     sampler = chai_nodes(g, model, latent, (positive, 0), (negative, 0), prompt, cache_name="wan21", cfg=6.0,
                          sampler="uni_pc", scheduler="simple", x=440)
     vae = g.node("VAELoader", (OUT_X, 40), ["wan_2.1_vae.safetensors"], size=(320, 80), models=("wan21_vae",))
-    decode = g.node("VAEDecode", (OUT_X, 160), [], size=(220, 60))
-    g.link(sampler, 0, decode, "samples")
-    g.link(vae, 0, decode, "vae")
-    save_video(g, decode, 260, 16.0, "CHAI_wan21", fps_from_decode=False)
+    decode_and_save(g, sampler, vae, (OUT_X, 160), 260, 16.0, "CHAI_wan21")
     return g
 
 
@@ -367,10 +373,7 @@ def wan22_a14b_4step() -> UIGraph:
                          cfg=1.0, sampler="euler", scheduler="simple", x=440, steps=(4, 3), cache_steps="",
                          restart_sigma=0.9, model_2=low)
     vae = g.node("VAELoader", (OUT_X, 40), ["wan_2.1_vae.safetensors"], size=(320, 80), models=("wan21_vae",))
-    decode = g.node("VAEDecode", (OUT_X, 160), [], size=(220, 60))
-    g.link(sampler, 0, decode, "samples")
-    g.link(vae, 0, decode, "vae")
-    save_video(g, decode, 880, 16.0, "CHAI_wan22_a14b_4step", fps_from_decode=False)
+    decode_and_save(g, sampler, vae, (OUT_X, 160), 880, 16.0, "CHAI_wan22_a14b_4step")
     return g
 
 
@@ -406,10 +409,7 @@ def wan22_a14b_t2v() -> UIGraph:
         samplers.append(ks)
     trace_and_write(g, apply, samplers[1], cache, ents, 1500)
     vae = g.node("VAELoader", (1500, 640), ["wan_2.1_vae.safetensors"], size=(320, 80), models=("wan21_vae",))
-    decode = g.node("VAEDecode", (1500, 760), [], size=(220, 60))
-    g.link(samplers[1], 0, decode, "samples")
-    g.link(vae, 0, decode, "vae")
-    save_video(g, decode, 880, 16.0, "CHAI_wan22_a14b", fps_from_decode=False)
+    decode_and_save(g, samplers[1], vae, (1500, 760), 880, 16.0, "CHAI_wan22_a14b")
     return g
 
 
@@ -446,10 +446,7 @@ def wan22_5b_i2v() -> UIGraph:
         g.link(src, 0, custom, name)
     g.link(apply, 1, custom, "sigmas")
     trace_and_write(g, apply, custom, cache, ents, 1500)
-    decode = g.node("VAEDecode", (1500, 640), [], size=(220, 60))
-    g.link(custom, 0, decode, "samples")
-    g.link(vae, 0, decode, "vae")
-    save_video(g, decode, 760, 24.0, "CHAI_wan22_5b_i2v", fps_from_decode=False)
+    decode_and_save(g, custom, vae, (1500, 640), 760, 24.0, "CHAI_wan22_5b_i2v")
     return g
 
 
@@ -517,10 +514,7 @@ def ltxv_t2v() -> UIGraph:
     g.link(latent, 0, model, "latent")
     sampler = chai_nodes(g, model, latent, (conditioning, 0), (conditioning, 1), prompt, cache_name="ltxv",
                          cfg=3.0, sampler="euler", scheduler="simple", x=440)
-    decode = g.node("VAEDecode", (OUT_X, 40), [], size=(220, 60))
-    g.link(sampler, 0, decode, "samples")
-    g.link(ckpt, 2, decode, "vae")
-    save_video(g, decode, 140, 24.0, "CHAI_ltxv", fps_from_decode=False)
+    decode_and_save(g, sampler, ckpt, (OUT_X, 40), 140, 24.0, "CHAI_ltxv", vae_slot=2)
     return g
 
 
