@@ -348,6 +348,23 @@ WAN22_4STEP_NOTE = ("## CHAI on Wan 2.2 A14B with the 4-step LoRAs\n\nComfyUI's 
                     "(docs/quality-lab.md).\n\n")
 
 
+def a14b_experts(g: UIGraph, shift: float, loras: tuple[str, ...] = ()) -> tuple[int, int]:
+    """Wan 2.2 A14B's two experts (high-noise, low-noise), each UNETLoader (-> its LoRA) -> ModelSamplingSD3."""
+    out = []
+    for i, key in enumerate(("wan22_t2v_high", "wan22_t2v_low")):
+        source = g.node("UNETLoader", (0, 240 + 280 * i), [MODEL_FILES[key]["name"], "default"], models=(key,),
+                        title=("High-noise expert", "Low-noise expert")[i])
+        if loras:
+            lora = g.node("LoraLoaderModelOnly", (-360, 240 + 280 * i), [MODEL_FILES[loras[i]]["name"], 1.0],
+                          size=(340, 110), models=(loras[i],), title=("4-step LoRA, high", "4-step LoRA, low")[i])
+            g.link(source, 0, lora, "model")
+            source = lora
+        sampling = g.node("ModelSamplingSD3", (0, 400 + 280 * i), [shift], size=(300, 80))
+        g.link(source, 0, sampling, "model")
+        out.append(sampling)
+    return out[0], out[1]
+
+
 def wan22_a14b_4step() -> UIGraph:
     """Wan 2.2 T2V A14B with the 4-step lightx2v LoRAs at cfg 1, as ComfyUI's own template, on CHAI Sampler with
     both experts: a re-rolled prompt restarts after the first step (restart_sigma 0.9: the schedule's 0.9375)."""
@@ -356,17 +373,7 @@ def wan22_a14b_4step() -> UIGraph:
     g.note((-840, 40), WAN22_4STEP_NOTE + files_note("wan22_t2v_high", "wan22_t2v_low", *loras, "umt5_xxl",
                                                      "wan21_vae"), size=(420, 600))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
-    experts = []
-    for i, key in enumerate(("wan22_t2v_high", "wan22_t2v_low")):
-        unet = g.node("UNETLoader", (0, 240 + 280 * i), [MODEL_FILES[key]["name"], "default"], models=(key,),
-                      title=("High-noise expert", "Low-noise expert")[i])
-        lora = g.node("LoraLoaderModelOnly", (-360, 240 + 280 * i), [MODEL_FILES[loras[i]]["name"], 1.0],
-                      size=(340, 110), models=(loras[i],), title=("4-step LoRA, high", "4-step LoRA, low")[i])
-        g.link(unet, 0, lora, "model")
-        shift = g.node("ModelSamplingSD3", (0, 400 + 280 * i), [5.0], size=(300, 80))
-        g.link(lora, 0, shift, "model")
-        experts.append(shift)
-    high, low = experts
+    high, low = a14b_experts(g, 5.0, loras)
     positive, negative = wan_text(g, prompt, 800)
     latent = g.node("EmptyHunyuanLatentVideo", (0, 1320), [832, 480, 81, 1], size=(320, 160))
     sampler = chai_nodes(g, high, latent, (positive, 0), (negative, 0), prompt, cache_name="wan22_a14b_4step",
@@ -383,14 +390,7 @@ def wan22_a14b_t2v() -> UIGraph:
     g.note((-420, 40), WAN22_NOTE + files_note("wan22_t2v_high", "wan22_t2v_low", "umt5_xxl", "wan21_vae"),
            size=(420, 520))
     prompt = g.node("PrimitiveStringMultiline", (0, 40), [WAN_PROMPT], title="Prompt", size=(380, 160))
-    unets = []
-    for i, key in enumerate(("wan22_t2v_high", "wan22_t2v_low")):
-        unet = g.node("UNETLoader", (0, 240 + 280 * i), [MODEL_FILES[key]["name"], "default"], models=(key,),
-                      title=("High-noise expert", "Low-noise expert")[i])
-        shift = g.node("ModelSamplingSD3", (0, 400 + 280 * i), [8.0], size=(300, 80))
-        g.link(unet, 0, shift, "model")
-        unets.append(shift)
-    high, low = unets
+    high, low = a14b_experts(g, 8.0)
     positive, negative = wan_text(g, prompt, 800)
     latent = g.node("EmptyHunyuanLatentVideo", (0, 1320), [832, 480, 81, 1], size=(320, 160))
     apply, cache, ents, _ = apply_nodes(g, high, latent, prompt, cache_name="wan22_a14b", sampler="euler", x=440,
