@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from comfyui_chai.cache_store.entities.language import foreign_language
+from comfyui_chai.cache_store.entities.language import _SCRIPTS, OTHER_SCRIPT_SHARE, foreign_language, other_script
 from comfyui_chai.cache_store.entities.stop_entities import StopEntities
 
 
@@ -49,3 +49,24 @@ def test_language_names_and_the_note_cover_every_detected_language():
 
     for code in OTHER_LANGUAGES:
         assert language_name(code) != code and language_name(code) in english_only_note(code)
+
+
+def _other_script_by_counting(text: str) -> str | None:
+    """`other_script` without its Latin-only shortcut: every letter counted against every script."""
+    letters = [ord(ch) for ch in text if ch.isalpha()]
+    if not letters:
+        return None
+    counts = {code: sum(any(lo <= c <= hi for lo, hi in ranges) for c in letters) for code, ranges in _SCRIPTS}
+    if counts["ja"] and counts["ja"] + counts["zh"] >= OTHER_SCRIPT_SHARE * len(letters):
+        return "ja"
+    code, n = max(counts.items(), key=lambda kv: kv[1])
+    return code if n >= OTHER_SCRIPT_SHARE * len(letters) else None
+
+
+@pytest.mark.parametrize("text", [
+    "A dog running on the beach", "Ein Hund läuft über die Straße, ça va, señor", "一只猫在窗台上睡觉",
+    "猫が窓辺で寝ている", "Собака бежит по пляжу", "a cat, 一只猫", "Ωμέγα and a dog", "Ø ß ħ ŋ", "",
+    "ʃɐ ǂ ɏ Ͱ", "A cat named Ͱ",
+])
+def test_other_script_shortcut_gives_the_counted_answer(text):
+    assert other_script(text) == _other_script_by_counting(text)

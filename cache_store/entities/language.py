@@ -37,6 +37,7 @@ _SCRIPTS = (("ja", ((0x3040, 0x30FF),)), ("ko", ((0xAC00, 0xD7AF), (0x1100, 0x11
             ("zh", ((0x4E00, 0x9FFF), (0x3400, 0x4DBF))), ("ru", ((0x0400, 0x04FF),)), ("el", ((0x0370, 0x03FF),)),
             ("ar", ((0x0600, 0x06FF),)), ("he", ((0x0590, 0x05FF),)), ("hi", ((0x0900, 0x097F),)),
             ("th", ((0x0E00, 0x0E7F),)))
+_FIRST_SCRIPT_CODE = min(lo for _, ranges in _SCRIPTS for lo, _ in ranges)
 _LATIN_CONTENT_WORD = re.compile(r"(?<![^\W\d_])[A-Za-z]{3,}(?![^\W\d_])")
 OTHER_SCRIPT_SHARE = 0.3  # share of a prompt's letters in another script that makes it not English
 
@@ -61,7 +62,7 @@ def _stop_words() -> tuple[frozenset[str], dict[str, frozenset[str]]]:
 def other_script(text: str) -> str | None:
     """The language code of the non-Latin script most of the prompt's letters are written in, or None."""
     letters = [ord(ch) for ch in text if ch.isalpha()]
-    if not letters:
+    if not letters or max(letters) < _FIRST_SCRIPT_CODE:  # Latin letters only: no script below can count
         return None
     counts = {code: sum(any(lo <= c <= hi for lo, hi in ranges) for c in letters) for code, ranges in _SCRIPTS}
     if counts["ja"] and counts["ja"] + counts["zh"] >= OTHER_SCRIPT_SHARE * len(letters):

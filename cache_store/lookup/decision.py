@@ -83,18 +83,22 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
     out["n_request"], out["n_donor"] = math.log1p(n), math.log1p(m)
     if not n or not m:
         return out
-    sims = request.vectors @ donor.vectors.T
+    # A prompt names a handful of entities: plain lists of the (float32-exact) similarities beat numpy calls on
+    # arrays this small.
+    sims: list[list[float]] = (request.vectors @ donor.vectors.T).tolist()
+    threshold = rule.threshold
     best: dict[str, tuple[float, int, int]] = {}
-    found = np.zeros((n, m), dtype=bool)  # pairs naming the same kind of thing at >= the threshold
-    same = np.full((n, m), -1.0)  # similarities of the pairs naming the same kind of thing
+    found = [[False] * m for _ in range(n)]  # pairs naming the same kind of thing at >= the threshold
+    same = [[-1.0] * m for _ in range(n)]  # similarities of the pairs naming the same kind of thing
     for i, q in enumerate(request.entities):
+        a, row = request.roles[i], sims[i]
         for j, d in enumerate(donor.entities):
-            s = float(sims[i, j])
+            s = row[j]
             if not rule.same_thing(q, d, s):
                 continue
-            found[i, j] = s >= rule.threshold
-            same[i, j] = s
-            a, b = request.roles[i], donor.roles[j]
+            found[i][j] = s >= threshold
+            same[i][j] = s
+            b = donor.roles[j]
             key = ("main_sim" if a == b == MAIN else "scene_sim" if a == b == SCENE
                    else "secondary_sim" if SECONDARY in (a, b) else "cross_sim")
             if s > best.get(key, (-2.0, 0, 0))[0]:
@@ -103,7 +107,7 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
         out[key] = s
     here = [i for i, r in enumerate(request.roles) if r == SCENE]
     there = [j for j, r in enumerate(donor.roles) if r == SCENE]
-    if here and there and float(sims[np.ix_(here, there)].max()) < rule.threshold:
+    if here and there and max(sims[i][j] for i in here for j in there) < threshold:
         out["scene_conflict"] = 1.0
     top = max((best[k] for k in ("main_sim", "scene_sim") if k in best), default=None)
     if top is not None:
@@ -114,16 +118,16 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
         out["compound_differs"] = float(q.head == d.head and q.identity != d.identity)
         out["generic_person"] = float(q.head in GENERIC_PEOPLE)
     mains = [i for i, r in enumerate(request.roles) if r == MAIN]
-    out["main_missing"] = float(bool(mains) and not found[mains].any())
+    out["main_missing"] = float(bool(mains) and not any(any(found[i]) for i in mains))
     theirs = [j for j, r in enumerate(donor.roles) if r == MAIN]
-    out["donor_main_missing"] = float(bool(theirs) and not found[:, theirs].any())
-    out["primary_missing"] = float(bool(mains) and not found[mains[0]].any())
-    out["donor_primary_missing"] = float(bool(theirs) and not found[:, theirs[0]].any())
-    out["primary_best"] = max(0.0, float(same[mains[0]].max())) if mains else 0.0
-    out["donor_primary_best"] = max(0.0, float(same[:, theirs[0]].max())) if theirs else 0.0
+    out["donor_main_missing"] = float(bool(theirs) and not any(row[j] for row in found for j in theirs))
+    out["primary_missing"] = float(bool(mains) and not any(found[mains[0]]))
+    out["donor_primary_missing"] = float(bool(theirs) and not any(row[theirs[0]] for row in found))
+    out["primary_best"] = max(0.0, max(same[mains[0]])) if mains else 0.0
+    out["donor_primary_best"] = max(0.0, max(row[theirs[0]] for row in same)) if theirs else 0.0
     out["missing_x_length"] = out["main_missing"] * out["n_request"]
     # Where the match is only the scene, how much the scene is the prompt's setting (issue 25's scene-only hits).
-    matched_scenes = [i for i in here if found[i, there].any()] if there else []
+    matched_scenes = [i for i in here if any(found[i][j] for j in there)] if there else []
     out["scene_primary"] = float(bool(here) and bool(matched_scenes) and matched_scenes[0] == here[0])
     out["scene_backdrop"] = out["main_missing"] * (1.0 - out["scene_primary"])
     out["subjects_differ"] = out["main_missing"] * out["donor_main_missing"]
