@@ -124,16 +124,17 @@ def choose_reuse(hit: CacheHit, config: ChaiConfig) -> tuple[str, str]:
     if config.reuse == CACHE_ATTENTION:
         return CACHE_ATTENTION, ""
     origin = hit.donors.origin if hit.donors is not None else None
+    few = few_step(config.full_steps)
     if origin is None:
         why = "the cached entry kept no restart latent (stored before restarts, or its run did not start from noise)"
-    elif few_step(config.full_steps) and not hit.same_prompt:
+    elif few and not hit.same_prompt:
         why = (f"below {MIN_RESTART_FULL_STEPS} full steps a restart keeps quality only from a donor of the same "
                "prompt (a new seed of it): on the quality lab's distilled model a donor of the same scene, or of the "
                "same subject and scene in another colour, was worse than the model's own run")
-    elif not few_step(config.full_steps) and not serves(origin.sigma, config.restart_sigma):
+    elif not few and not serves(origin.sigma, config.restart_sigma):
         why = (f"the cached entry's restart latent is at sigma {origin.sigma:.3f}, not near restart_sigma "
                f"{config.restart_sigma:g}")
-    elif not few_step(config.full_steps) and not hit.scene_match:
+    elif not few and not hit.scene_match:
         why = ("the donor shares the main subject but not the scene (or the prompt names no scene): a restart would "
                "carry the donor's scene over, so it borrows attention only")
     else:

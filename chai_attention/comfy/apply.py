@@ -62,7 +62,7 @@ class AppliedRun:
     latent_in: Any = None  # the model's process_latent_in: a sampler's output LATENT -> the model-input space
     start_latent: dict[str, Any] | None = None  # a restart hit: the LATENT the sampler must start from
     resumer: Any = None  # a few-step restart hit: the SAMPLER that resumes the donor's solver (resume.py)
-    handover: Any = None  # a two-expert restart below the boundary: the model_sampling that noises the origin
+    handover: Any = None  # a two-expert restart below the boundary: (model_sampling, process_latent_out) to hand over
     seconds: float = 0.0  # time inside the sampler nodes' sampling, summed
     samplings: int = 0
     problems: list[str] = field(default_factory=list)
