@@ -109,6 +109,11 @@ def distilled_relation_grid(full_steps: int = 4) -> list[Condition]:
     return out
 
 
+def distilled_attention_grid(full_steps: int = 4) -> list[Condition]:
+    """The student: Cache Attention hits at 3 steps (the pack's cache sigmas) against its own 4 and plain 3."""
+    return _full(full_steps) + [Condition("plain", 3), Condition("chai", 3, "scene"), Condition("chai", 3, "same")]
+
+
 def restart_relation_grid(full_steps: int = 30) -> list[Condition]:
     """The 30-step model: the default restart from a scene donor against one of the same object and scene in
     another colour (which the product's same-scene rule also restarts from)."""
@@ -119,7 +124,8 @@ def restart_relation_grid(full_steps: int = 30) -> list[Condition]:
 GRIDS = {"table": table_grid, "quick": quick_grid, "restart": restart_grid, "distilled": distilled_grid,
          "solvers": solvers_grid, "restart_solver": restart_solver_grid,
          "distilled_solver": distilled_solver_grid, "distilled_history": distilled_history_grid,
-         "distilled_relation": distilled_relation_grid, "restart_relation": restart_relation_grid}
+         "distilled_relation": distilled_relation_grid, "restart_relation": restart_relation_grid,
+         "distilled_attention": distilled_attention_grid}
 
 
 def _rk(n: int, rel: str, sigma: float = TABLE_SIGMA) -> CellKey:
@@ -209,11 +215,20 @@ COMPARISONS_RELATION: tuple[tuple[CellKey, CellKey], ...] = (
 )
 
 
+# Fixed before its run: would a Cache Attention hit (what a few-step hit that cannot restart would get where cache
+# steps are set) keep the student's quality?
+COMPARISONS_4_ATTENTION: tuple[tuple[CellKey, CellKey], ...] = (
+    (("chai", "scene", 3, "pack"), _REF4), (("chai", "same", 3, "pack"), _REF4),
+    (("chai", "scene", 3, "pack"), ("plain", "-", 3, "-")),
+)
+
+
 def comparisons_for(grid: str) -> tuple[tuple[CellKey, CellKey], ...]:
     """The fixed comparison list of a grid."""
     return {"distilled": COMPARISONS_4, "solvers": COMPARISONS_SOLVERS, "restart_solver": COMPARISONS_RESTART_SOLVER,
             "distilled_solver": COMPARISONS_4_SOLVER, "distilled_history": COMPARISONS_4_HISTORY,
-            "distilled_relation": COMPARISONS_4_RELATION, "restart_relation": COMPARISONS_RELATION}.get(grid, COMPARISONS_30)
+            "distilled_relation": COMPARISONS_4_RELATION, "restart_relation": COMPARISONS_RELATION,
+            "distilled_attention": COMPARISONS_4_ATTENTION}.get(grid, COMPARISONS_30)
 
 
 def aa_for(grid: str) -> tuple[CellKey, ...]:
@@ -228,6 +243,8 @@ def aa_for(grid: str) -> tuple[CellKey, ...]:
         return (_REF4, _rh(3, "subject_scene", 0.75))
     if grid == "restart_relation":
         return (_REF30, _rk(8, "subject_scene"))
+    if grid == "distilled_attention":
+        return (_REF4, ("chai", "scene", 3, "pack"))
     return AA_4 if grid in ("distilled",) else AA_30  # (the solver check runs one seed: no A/A)
 
 

@@ -113,7 +113,7 @@ def test_fixed_comparisons_name_conditions_their_grids_run():
 
 
 @pytest.mark.parametrize("grid", ["distilled", "solvers", "restart_solver", "distilled_solver", "distilled_history",
-                                  "distilled_relation", "restart_relation"])
+                                  "distilled_relation", "restart_relation", "distilled_attention"])
 def test_every_grid_runs_the_conditions_its_fixed_comparisons_and_a_a_checks_name(grid):
     from lab.restart_grids import aa_for, comparisons_for
 
