@@ -16,6 +16,7 @@ from .errors import CacheEntryError, CacheError, InvalidEntryError
 from .index.ann import require_hnswlib
 from .index.keeper import IndexKeeper
 from .lookup.rule import HitRule
+from .lookup.stored_vectors import stored_vectors
 from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
 from .validate import check_latents
 
@@ -65,6 +66,9 @@ class CacheBackend(Protocol):
     def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int], rule: HitRule,
                touch: bool = True, load: bool = True) -> LookupResult:
         """Best compatible entry that `rule` lets serve the request, or a miss with its reason."""
+
+    def stored_vectors(self, phrases: Sequence[str], embedder: str, dim: int) -> dict[str, Any]:
+        """Vectors the cache holds for these entity identities, made by `embedder` (none when it is another)."""
 
     def load_latents(self, entry_id: int) -> tuple[dict[str, Any], list[float]]:
         """An entry's verified tensors and the sigmas they were captured at."""
@@ -153,6 +157,10 @@ class StoreBase:
         if dtype != entry.dtype:
             raise CacheEntryError(f"{what} holds {dtype}, the entry says {entry.dtype}")
         return tensors
+
+    def stored_vectors(self, phrases: Sequence[str], embedder: str, dim: int) -> dict[str, Any]:
+        """{identity: vector} the cache already holds for these phrases (lookup/stored_vectors.py)."""
+        return stored_vectors(self, phrases, embedder, dim)
 
     def touch_best_effort(self, entry: EntryInfo) -> EntryInfo:
         """Refresh recency; when the backend refuses (a full disk, a read-only server) serve the hit anyway and

@@ -14,6 +14,7 @@ from .backend import CacheBackend
 from .config import DEFAULT_SERVER_TIMEOUT_S, StoreConfig
 from .errors import CacheError, CacheUnavailableError, CacheWriteError, ManifestError
 from .lookup.rule import HitRule
+from .lookup.stored_vectors import with_stored
 from .naming import cache_dir, encodable_text
 from .open_store import open_store
 from .postgres.url import ServerURL, resolve
@@ -107,9 +108,21 @@ class ChaiCache:
 
         entities = args.check_entity_list(entities)
         emb = embedder or self.embedder
+        if not entities:
+            return EmbeddedEntities((), np.zeros((0, emb.dim), np.float32), emb.identity)
         # Vectors of what each thing is (its core: "sports car" for "red sports car"), so looks do not count.
-        vectors = emb.embed([e.identity for e in entities]) if entities else np.zeros((0, emb.dim), np.float32)
+        phrases = [e.identity for e in entities]
+        vectors = with_stored(phrases, self._stored_vectors(phrases, emb), emb.embed)
         return EmbeddedEntities(tuple(entities), vectors, emb.identity)
+
+    def _stored_vectors(self, phrases: Sequence[str], emb: Any) -> dict[str, Any]:
+        """Vectors this cache already holds for these identities (the encoder's forward skipped); none when the
+        cache cannot say, since embedding afresh always works."""
+        try:
+            return dict(self.store.stored_vectors(phrases, emb.identity, int(emb.dim)))
+        except CacheError as exc:
+            log.debug("[CHAI] stored vectors not read, embedding afresh: %s", exc)
+            return {}
 
     def lookup(self, entities: EmbeddedEntities, fingerprint: str, shape: Sequence[int],
                threshold: float | None = None) -> LookupResult:

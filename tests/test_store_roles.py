@@ -88,7 +88,8 @@ def test_a_v1_cache_is_upgraded_in_place_and_its_entries_keep_matching(tmp_path)
     with CacheStore(root, StoreConfig(10**9)) as s:
         s.insert("a dog", embedded(Entity("dog", "object", "dog", "secondary")), FP, latents(1), SIGMAS)
     conn = sqlite3.connect(root / "manifest.sqlite")
-    with conn:  # the v1 layout: no head/core on entities, no role on postings
+    with conn:  # the v1 layout: no head/core on entities (nor their index), no role on postings
+        conn.execute("DROP INDEX entities_identity")
         conn.execute("ALTER TABLE entities DROP COLUMN head")
         conn.execute("ALTER TABLE entities DROP COLUMN core")
         conn.execute("CREATE TABLE p1 (group_id INTEGER NOT NULL, entity_id INTEGER NOT NULL, entry_id INTEGER "

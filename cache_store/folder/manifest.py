@@ -57,6 +57,8 @@ CREATE TABLE IF NOT EXISTS entities (
 );
 -- Postings carry the entry's (model fingerprint, latent shape) group so a lookup ranks compatible entries with
 -- one range scan per matched entity, without joining entries.
+-- What each entity is (core, else head): lookups read stored vectors back by it (lookup/stored_vectors.py).
+CREATE INDEX IF NOT EXISTS entities_identity ON entities(core, head);
 CREATE TABLE IF NOT EXISTS postings (
     group_id INTEGER NOT NULL,
     entity_id INTEGER NOT NULL,
@@ -220,6 +222,10 @@ class Manifest:
                 step(cur)  # type: ignore[operator]
                 version += 1
                 cur.execute("UPDATE meta SET value=? WHERE key='format_version'", (str(version),))
+        if not self.readonly and not self.conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='index' AND name='entities_identity'").fetchone():
+            with self.write() as cur:  # a cache made before the index: one pass over its entities, once
+                cur.execute("CREATE INDEX IF NOT EXISTS entities_identity ON entities(core, head)")
 
     def _read_version(self) -> int | None:
         has_meta = self.conn.execute(

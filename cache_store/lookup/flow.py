@@ -51,7 +51,8 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     if not matched:
         timings["select"] = time.perf_counter() - t1
         return LookupResult(False, ranking.no_match_reason(db, entities, labels, sims, threshold), timings=timings)
-    carried = ranking.borrowable(db, entities, matched, rule)
+    matched, known = ranking.with_siblings(db, matched)
+    carried = ranking.borrowable(db, entities, matched, rule, known)
     scenes = ranking.agreeing_scenes(entities, matched) if rule.scenes_must_agree else None
     candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule, scenes) if carried else []
     if not candidates and carried and scenes is not None:

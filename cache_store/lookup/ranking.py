@@ -15,6 +15,7 @@ NEIGHBOURS = 16          # stored entities considered per query entity (postings
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
 DECIDED_SPARES = 2       # proposed entries the decision accepts before it stops asking
 SCENE_WINDOW = 64        # best entries the scene clause is tried on before it runs on all of them
+SIBLINGS = 512           # stored entities of one identity a matched entity stands for (the newest)
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,44 @@ def stored_entities(manifest: Any, ids: Sequence[int]) -> dict[int, StoredEntity
     return out
 
 
+def with_siblings(manifest: Any, matched: list[tuple[int, int, float]]
+                  ) -> tuple[list[tuple[int, int, float]], dict[int, StoredEntity]]:
+    """The matches, plus every other stored entity of a matched entity's identity at the same similarity (the
+    newest SIBLINGS of each), and the manifest rows of the siblings read on the way. Texts of one identity share
+    one vector ("red car", "old car": "car"), so in a large cache the index's nearest neighbours can all be texts
+    of one identity while its other texts, and the entries that hold them, lie past them."""
+    ids = sorted({eid for _, eid, _ in matched})
+    marks = ",".join("?" * len(ids))
+    kind_of = {int(eid): (core, head) for eid, core, head in manifest.query(
+        f"SELECT id, core, head FROM entities WHERE id IN ({marks}) AND head <> ''", ids)}  # v1 rows: no identity
+    rows: dict[int, StoredEntity] = {}
+    family: dict[tuple[str, str], list[int]] = {}
+    for kind in sorted(set(kind_of.values())):
+        found = manifest.query("SELECT id, text, kind, head, core FROM entities WHERE core = ? AND head = ? "
+                               "ORDER BY id DESC LIMIT ?", (*kind, SIBLINGS))
+        family[kind] = [int(r[0]) for r in found]
+        rows.update((int(r[0]), StoredEntity(r[1], r[2], r[3], r[4])) for r in found)
+    best: dict[tuple[int, int], float] = {}
+    by_kind: dict[tuple[int, tuple[str, str]], float] = {}
+    for q, eid, sim in matched:
+        best[(q, eid)] = max(best.get((q, eid), -2.0), sim)
+        if eid in kind_of:
+            key = (q, kind_of[eid])
+            by_kind[key] = max(by_kind.get(key, -2.0), sim)
+    for (q, kind), sim in by_kind.items():  # once per query entity and identity, not per neighbour
+        for other in family[kind]:
+            best[(q, other)] = max(best.get((q, other), -2.0), sim)
+    return [(q, eid, sim) for (q, eid), sim in best.items()], rows
+
+
 def borrowable(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]],
-               rule: HitRule) -> list[tuple[int, int, float]]:
+               rule: HitRule, known: dict[int, StoredEntity] | None = None) -> list[tuple[int, int, float]]:
     """The matches that may carry a hit: the request's main subject or scene naming the same kind of thing as
-    the stored entity (whose role in each entry the ranking checks)."""
+    the stored entity (whose role in each entry the ranking checks). `known`: manifest rows already read."""
     query_ok = {q for q, e in enumerate(entities.entities) if e.role in rule.roles}
     candidates = [m for m in matched if m[0] in query_ok]
-    stored = stored_entities(manifest, [eid for _, eid, _ in candidates])
+    known = known or {}
+    stored = {**stored_entities(manifest, [eid for _, eid, _ in candidates if eid not in known]), **known}
     return [(q, eid, sim) for q, eid, sim in candidates
             if eid in stored and rule.same_thing(entities.entities[q], stored[eid], sim)]
 

@@ -101,6 +101,10 @@ TABLES_V1 = [
 LOG_MARK_COLUMN = ("ALTER TABLE index_log ADD COLUMN mark text NOT NULL "
                    "DEFAULT md5(random()::text || clock_timestamp()::text)")
 
+# What each entity is (core, else head): lookups read stored vectors back by it (lookup/stored_vectors.py). Added
+# on open when missing, like the mark column, so older packs keep working on the same schema.
+IDENTITY_INDEX = "CREATE INDEX entities_identity ON entities (core, head)"
+
 TABLES = ("schema_version", "state", "groups", "entries", "blobs", "entities", "postings", "quarantine", "index_log")
 
 # Migrations: {from_version: function(cursor)} run in order, each in the transaction that records its version.
@@ -163,4 +167,7 @@ def ensure(cur: Any, sql: Any, schema: str, name: str, budget_bytes: int | None,
                 "AND column_name = 'mark'", (schema,))
     if cur.fetchone() is None:
         cur.execute(LOG_MARK_COLUMN)
+    cur.execute("SELECT 1 FROM pg_indexes WHERE schemaname = %s AND indexname = 'entities_identity'", (schema,))
+    if cur.fetchone() is None:
+        cur.execute(IDENTITY_INDEX)
     return done
