@@ -90,6 +90,8 @@ class Run:
     seconds: float = 0.0
     restart_hits: int = 0    # hits with a scene match (a restart on a many-step model; the rest borrow attention)
     same_prompt_hits: int = 0  # hits on an entry of the very same prompt (the only few-step restart)
+    identities_stored: int = 0  # served entities whose identity the cache already held a vector for
+    prompts_stored: int = 0    # served prompts all of whose identities it held (no encoder forward)
     matches: list = field(default_factory=list)   # (query prompt, query entity, stored entity, sim, donor prompt)
     hit_pairs: list = field(default_factory=list)  # (query prompt, donor prompt) of every hit
 
@@ -158,6 +160,11 @@ class Replayer:
                 run.no_entities += 1
                 continue
             run.entities += len(ee)
+            if matcher == "entity":  # what ChaiCache.embed_entities would read back instead of embedding
+                wanted = [e.identity for e in ee.entities]
+                known = store.stored_vectors(wanted, ee.embedder, ee.vectors.shape[1])
+                run.identities_stored += sum(w in known for w in wanted)
+                run.prompts_stored += all(w in known for w in wanted)
             index = store._index  # nearest cached entity per query entity (no public API for this)
             if index is not None and len(index):
                 _, sims = index.query(ee.vectors, 1)
@@ -311,6 +318,15 @@ def print_stream_speedup(run: Run, full: int = 30, fast: int = 8, few: int = 4) 
         [f"{full} full / {fast} fast steps", f"{hits} ({run.hit_rate:.1%})", f"{run.restart_hits}", f"{many:.2f}x"],
         [f"{few} full steps (distilled): same-prompt re-rolls only", f"{run.same_prompt_hits}",
          f"{run.same_prompt_hits}", f"{few_step:.2f}x"]]))
+
+
+def print_stored_vectors(run: Run) -> None:
+    """How often the stream's lookups could skip the encoder: identities the cache already held vectors for."""
+    with_entities = max(run.served - run.no_entities, 1)
+    print(f"\nstored vectors (threshold {run.threshold:.2f}, budget {run.budget:.0%}): {run.identities_stored} of "
+          f"{run.entities} served entities ({run.identities_stored / max(run.entities, 1):.1%}) were the same kind "
+          f"of thing as a cached one, so their vectors were read back; {run.prompts_stored} of {with_entities} "
+          f"prompts with entities ({run.prompts_stored / with_entities:.1%}) needed no encoder forward")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -476,6 +492,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print_usefulness(e10, p10, default_thr, args.export_unlabelled, label_sets=not args.style_set)
     print_stream_speedup(e10)
+    print_stored_vectors(e10)
 
     if not args.no_plot:
         plot(args.out, by_thr, by_budget, thresholds, budgets, default_thr, n)

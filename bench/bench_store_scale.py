@@ -210,10 +210,30 @@ def chunked_query(index, queries: np.ndarray, k: int, chunk: int = 64) -> tuple[
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def recall_at(hl: np.ndarray, el: np.ndarray) -> float:
-    """Mean share of the exact top-k labels that the approximate top-k found."""
-    return float(np.mean([len(set(a[a >= 0].tolist()) & set(b[b >= 0].tolist())) / max(int((b >= 0).sum()), 1)
-                          for a, b in zip(hl, el)]))
+SIM_EPS = 1e-5  # float noise between hnswlib's and numpy's inner products
+
+
+def recall_at(hl: np.ndarray, hs: np.ndarray, el: np.ndarray, es: np.ndarray) -> float:
+    """Mean share of the exact top-k that the approximate top-k matched, counted by similarity: a returned entity
+    counts when it is as similar as the exact k-th one. (Every text of one identity shares one vector, so at scale
+    the exact top-k holds ties, and which of the tied labels either search returns is arbitrary.)"""
+    shares = []
+    for a, sa, b, sb in zip(hl, hs, el, es):
+        valid = sb[b >= 0]
+        if len(valid):
+            shares.append(min(int(np.sum(sa[a >= 0] >= valid.min() - SIM_EPS)), len(valid)) / len(valid))
+    return float(np.mean(shares)) if shares else float("nan")
+
+
+def recall_above(hl: np.ndarray, hs: np.ndarray, el: np.ndarray, es: np.ndarray, threshold: float) -> tuple[float, int]:
+    """Share of the exact top-k entities at or above the threshold that the approximate top-k also has there
+    (by count, as above), and how many there are."""
+    found = total = 0
+    for a, sa, b, sb in zip(hl, hs, el, es):
+        n_exact = int(np.sum((b >= 0) & (sb >= threshold)))
+        found += min(int(np.sum((a >= 0) & (sa >= threshold - SIM_EPS))), n_exact)
+        total += n_exact
+    return found / max(total, 1), total
 
 
 FRESH_PROCESS = r"""
@@ -260,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="hnsw search widths for the recall / latency sweep")
     ap.add_argument("--quick", action="store_true", help="5,000 entries, under a minute")
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS, help="VBench all_dimension.txt")
+    ap.add_argument("--query-prompts", type=Path, action="append", default=None,
+                    help="prompt files looked up instead of --prompts (repeatable): prompts the store was not built "
+                         "from, e.g. bench/data/style_pairs/prompts_*.txt")
     ap.add_argument("--dir", type=Path, default=None, help="parent folder for the cache (default: system temp)")
     ap.add_argument("--keep-dir", action="store_true", help="do not delete the cache folder at the end")
     ap.add_argument("--reuse", type=Path, default=None,
@@ -286,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     from comfyui_chai.cache_store.lookup.ranking import NEIGHBOURS
     from comfyui_chai.cache_store.folder.store import CacheStore
     from comfyui_chai.cache_store.lookup.rule import HitRule
+    from comfyui_chai.cache_store.lookup.stored_vectors import with_stored
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
     t_start = time.perf_counter()
@@ -314,7 +338,10 @@ def main(argv: list[str] | None = None) -> None:
         pool_size = len(pool)
         log(f"{len(prompts)} prompts -> {len(originals)} VBench entities + {len(generated)} generated phrases; "
             "embedding")
-        vectors = embed_cached(embedder, [e.text for e in pool], Path(tempfile.gettempdir()))
+        # the store's own vectors: what each thing is (ChaiCache.embed_entities), each identity embedded once
+        identities = sorted({e.identity for e in pool})
+        by_identity = dict(zip(identities, embed_cached(embedder, identities, Path(tempfile.gettempdir()))))
+        vectors = np.stack([by_identity[e.identity] for e in pool])
         plan = entry_plan(n_entries, len(originals), weights, len(generated), Counter(map(len, extracted)),
                           args.orig_share, args.seed)
         distinct_planned = len({i for ids in plan for i in ids})
@@ -345,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
         ents = extracted[i % len(extracted)]
         if not ents:
             return float("nan")
-        ee = EmbeddedEntities(tuple(ents), embedder.embed([e.text for e in ents]), embedder.identity)
+        ee = EmbeddedEntities(tuple(ents), embedder.embed([e.identity for e in ents]), embedder.identity)
         t0 = time.perf_counter()
         store.insert(prompts[i % len(prompts)], ee, FINGERPRINT, latents, SIGMAS)
         return time.perf_counter() - t0
@@ -424,12 +451,17 @@ def main(argv: list[str] | None = None) -> None:
     posting_counts = dict(store.manifest.query("SELECT entity_id, COUNT(*) FROM postings GROUP BY entity_id"))
 
     # --- lookups of real VBench prompts
-    qprompts = load_prompts(args.prompts, seed=args.seed + 1)[:n_queries]
+    qfiles = args.query_prompts or [args.prompts]
+    qprompts = [q for path in qfiles for q in load_prompts(path)]
+    random.Random(args.seed + 1).shuffle(qprompts)
+    qprompts = qprompts[:n_queries]
     st: dict[str, list[float]] = {s: [] for s in (
         "extract", "embed_cold", "embed_cached", "s_index", "s_select", "s_load", "store_lookup",
         "load_latents", "q_hnsw", "q_exact", "whole_cold", "whole_cached", "noext_cold", "noext_cached",
-        "lookup_miss")}
-    cpu: dict[str, list[float]] = {s: [] for s in ("extract", "embed_cold", "store_lookup", "whole_cold")}
+        "lookup_miss", "embed_stored", "whole_stored")}
+    cpu: dict[str, list[float]] = {s: [] for s in ("extract", "embed_cold", "store_lookup", "whole_cold",
+                                                     "embed_stored", "whole_stored")}
+    stored_found = stored_all = stored_none = same_answer = answer_flips = donor_changes = 0
     q_rows: list[np.ndarray] = []
     select_by_postings: list[tuple[int, float]] = []
     hits = empty = 0
@@ -437,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
     for warm in qprompts[:5]:  # warm-up, not counted
         ents = extractor.extract(warm)
         if ents:
-            ee = EmbeddedEntities(tuple(ents), embedder.embed([e.text for e in ents]), embedder.identity)
+            ee = EmbeddedEntities(tuple(ents), embedder.embed([e.identity for e in ents]), embedder.identity)
             store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold), touch=False)
     for qi, prompt in enumerate(qprompts):
         t, c = time.perf_counter(), time.process_time()
@@ -446,7 +478,7 @@ def main(argv: list[str] | None = None) -> None:
         if not ents:
             empty += 1
             continue
-        texts = [e.text for e in ents]
+        texts = [e.identity for e in ents]
         embedder.clear_cache()
         t, c = time.perf_counter(), time.process_time()
         vecs = embedder.embed(texts)
@@ -454,10 +486,25 @@ def main(argv: list[str] | None = None) -> None:
         t = time.perf_counter()
         vecs = embedder.embed(texts)
         t_cached = time.perf_counter() - t
+        embedder.clear_cache()  # what ChaiCache.embed_entities does: the stored vectors, the encoder for the rest
+        t, c = time.perf_counter(), time.process_time()
+        known = store.stored_vectors(texts, embedder.identity, embedder.dim)
+        stored_vecs_q = with_stored(texts, known, embedder.embed)
+        t_stored, c_stored = time.perf_counter() - t, time.process_time() - c
+        stored_found += sum(p in known for p in texts)
+        stored_all += len(texts)
+        stored_none += len(set(texts) - set(known)) == 0
         ee = EmbeddedEntities(tuple(ents), vecs, embedder.identity)
         t, c = time.perf_counter(), time.process_time()
         res = store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold))
         t_look, c_look = time.perf_counter() - t, time.process_time() - c
+        # the same request with fresh and with read-back vectors, both after the timed lookup and untouched
+        pair = [store.lookup(EmbeddedEntities(tuple(ents), v, embedder.identity), FINGERPRINT, SHAPE,
+                             HitRule(threshold), touch=False, load=False) for v in (vecs, stored_vecs_q)]
+        fresh_answer, stored_answer = ((r.hit, r.entry.id if r.entry else None, r.reason) for r in pair)
+        same_answer += fresh_answer == stored_answer
+        answer_flips += fresh_answer[0] != stored_answer[0]
+        donor_changes += fresh_answer[0] and stored_answer[0] and fresh_answer[1] != stored_answer[1]
         for key, value in (("extract", c_ext), ("embed_cold", c_cold), ("store_lookup", c_look),
                            ("whole_cold", c_ext + c_cold + c_look)):
             cpu[key].append(value)
@@ -470,6 +517,10 @@ def main(argv: list[str] | None = None) -> None:
         if "load" in res.timings:
             st["s_load"].append(res.timings["load"])
         st["whole_cold"].append(t_ext + t_cold + t_look)
+        st["embed_stored"].append(t_stored)
+        st["whole_stored"].append(t_ext + t_stored + t_look)
+        cpu["embed_stored"].append(c_stored)
+        cpu["whole_stored"].append(c_ext + c_stored + c_look)
         st["whole_cached"].append(t_ext + t_cached + t_look)
         st["noext_cold"].append(t_cold + t_look)
         st["noext_cached"].append(t_cached + t_look)
@@ -507,12 +558,11 @@ def main(argv: list[str] | None = None) -> None:
             t = time.perf_counter()
             hnsw.query(vecs, k)
             times.append(time.perf_counter() - t)
-        hl, _ = chunked_query(hnsw, allq, k)
-        above = [(set(a[a >= 0].tolist()), set(b[(b >= 0) & (s >= threshold)].tolist())) for a, b, s in zip(hl, el, es)]
-        n_above = sum(len(b) for _, b in above)
-        sweep.append({"ef": ef, "recall_k": recall_at(hl, el), "recall_1": float(np.mean(hl[:, 0] == el[:, 0])),
-                      "recall_thr": sum(len(a & b) for a, b in above) / max(n_above, 1), "n_above": n_above,
-                      "p50": ms_pct(times, 50), "p99": ms_pct(times, 99)})
+        hl, hs = chunked_query(hnsw, allq, k)
+        recall_thr, n_above = recall_above(hl, hs, el, es, threshold)
+        sweep.append({"ef": ef, "recall_k": recall_at(hl, hs, el, es),
+                      "recall_1": float(np.mean(hs[:, 0] >= es[:, 0] - SIM_EPS)),
+                      "recall_thr": recall_thr, "n_above": n_above, "p50": ms_pct(times, 50), "p99": ms_pct(times, 99)})
     hnsw.ef = base_ef
     base = next(r for r in sweep if r["ef"] == base_ef)
     recall_k = base["recall_k"]
@@ -552,7 +602,7 @@ def main(argv: list[str] | None = None) -> None:
           f"(index {stats.index_backend}, dim {embedder.dim}), latents {SHAPE} x{len(LATENT_NAMES)}, "
           f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs, load avg "
           f"{os.getloadavg()[0]:.1f}" + (f", reused folder {root}" if args.reuse else ""))
-    print(f"queries: {len(qprompts)} shuffled VBench prompts ({empty} without entities skipped), "
+    print(f"queries: {len(qprompts)} shuffled prompts of {', '.join(p.name for p in qfiles)} ({empty} without entities skipped), "
           f"{hits} hits at threshold {threshold:.2f}; total wall time {total_wall / 60:.1f} min\n")
     print("insert latency (ms)")
     ins_rows = []
@@ -572,6 +622,7 @@ def main(argv: list[str] | None = None) -> None:
         row("extraction (spaCy)", "extract", "pipeline loaded"),
         row("embedding, cold", "embed_cold", "MiniLM, phrase cache cleared"),
         row("embedding, cached", "embed_cached", "MiniLM phrase cache"),
+        row("embedding, stored vectors", "embed_stored", "the product's: vectors the cache holds, MiniLM for the rest"),
         row("store: index stage", "s_index", "meta + index sync + query"),
         row("store: selection", "s_select", "SQL aggregation over postings"),
         row("store: latent load", "s_load", "read + checksum + touch (hits)"),
@@ -582,15 +633,23 @@ def main(argv: list[str] | None = None) -> None:
         row("index query, exact", "q_exact", "numpy over the same vectors"),
         row("whole lookup, cold embed", "whole_cold", "extract + embed + store.lookup"),
         row("whole lookup, cached embed", "whole_cached", ""),
+        row("whole lookup, stored vectors", "whole_stored", "extract + the product's embedding + store.lookup"),
         row("no extraction, cold embed", "noext_cold", "embed + store.lookup"),
         row("no extraction, cached embed", "noext_cached", ""),
     ], "lrrrrrl"))
+    print(f"stored vectors: {stored_found} of {stored_all} query identities "
+          f"({stored_found / max(stored_all, 1):.1%}) were held by the cache; {stored_none} of {len(st['embed_stored'])} "
+          f"prompts needed no encoder forward; {same_answer} of {len(st['embed_stored'])} lookups gave the same answer "
+          f"(hit, entry, reason) with those vectors as with fresh ones ({answer_flips} hit/miss flips, "
+          f"{donor_changes} other donors, the rest a reason's digits)")
     print("\nCPU time of the same stages (time.process_time, this process; less sensitive to other jobs), ms")
     print(table(["stage", "n", "p50", "p99", "mean"],
                 [[name, len(cpu[key]), f"{ms_pct(cpu[key], 50):.3f}", f"{ms_pct(cpu[key], 99):.3f}",
                   f"{ms_mean(cpu[key]):.3f}"]
                  for name, key in (("extraction (spaCy)", "extract"), ("embedding, cold", "embed_cold"),
-                                   ("store.lookup total", "store_lookup"), ("whole lookup, cold embed", "whole_cold"))],
+                                   ("embedding, stored vectors", "embed_stored"),
+                                   ("store.lookup total", "store_lookup"), ("whole lookup, cold embed", "whole_cold"),
+                                   ("whole lookup, stored vectors", "whole_stored"))],
                 "lrrrr"))
     buckets = [(0, 100), (100, 1_000), (1_000, 10_000), (10_000, 10**12)]
     brows = []
@@ -605,8 +664,9 @@ def main(argv: list[str] | None = None) -> None:
                           ms_pct(st["q_exact"], 50), ms_pct(st["q_exact"], 99))
     print(f"\nexact / hnsw query time: p50 {e50 / h50:.1f}x, p99 {e99 / h99:.1f}x (exact index built in "
           f"{t_exact_build:.2f} s); hnsw M={hnsw.M}")
-    print(f"hnsw against exact over {len(allq)} query vectors (the prompts' entity vectors + 1000 stored ones); "
-          f"latency over the {len(q_rows)} per-prompt queries")
+    print(f"hnsw against exact over {len(allq)} query vectors (the prompts' entity vectors + 1000 stored ones), "
+          f"counted by similarity (texts of one identity share a vector, so labels tie); latency over the "
+          f"{len(q_rows)} per-prompt queries")
     print(table(["ef", f"recall@{k}", "recall@1", f"recall (cos >= {threshold:.2f})", "p50 ms", "p99 ms"],
                 [[f"{r['ef']}{' *' if r['ef'] == base_ef else ''}", f"{r['recall_k']:.4f}", f"{r['recall_1']:.4f}",
                   f"{r['recall_thr']:.4f} of {r['n_above']}", f"{r['p50']:.3f}", f"{r['p99']:.3f}"]
