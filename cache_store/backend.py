@@ -15,6 +15,7 @@ from .config import StoreConfig
 from .errors import CacheEntryError, CacheError, InvalidEntryError
 from .index.ann import require_hnswlib
 from .index.keeper import IndexKeeper
+from .index.vector_index import DEFAULT_EF
 from .lookup.rule import HitRule
 from .lookup.stored_vectors import stored_vectors
 from .types import EmbeddedEntities, EntryInfo, InsertResult, LookupResult, StoreStats, VerifyReport
@@ -30,7 +31,7 @@ SAVE_INDEX_INTERVAL = 300.0  # ... but at most every 5 minutes: a save writes th
 def index_options(config: StoreConfig, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The VectorIndex keywords of an opener: its config's index backend, then `extra` (tests, benches); a
     CacheError naming the fix when that is "hnsw" and hnswlib is not installed."""
-    options = {"backend": config.index_backend, **(extra or {})}
+    options = {"backend": config.index_backend, "ef": DEFAULT_EF, **(extra or {})}  # not a saved index's older ef
     if options["backend"] == "hnsw":
         try:
             require_hnswlib("this cache's settings")

@@ -1,5 +1,6 @@
-"""Stored vectors read back for what a request's entities are (lookup/stored_vectors.py), on both backends, and
-ChaiCache skipping the encoder for them."""
+"""What follows from every text of one identity sharing one vector: stored vectors read back for a request
+(lookup/stored_vectors.py) and ChaiCache skipping the encoder for them, a matched entity standing for all its
+identity's texts, and the store's search width on a saved index."""
 from __future__ import annotations
 
 import sqlite3
@@ -153,3 +154,17 @@ def test_entries_past_the_nearest_neighbours_of_one_identity_are_still_ranked(op
         hit = s.lookup(request, FP, SHAPE, HitRule(0.5))
         assert hit.hit and hit.entry.prompt == "an old car on a beach"
         assert sorted(m.entity for m in hit.matches) == ["beach", "old car"]
+
+
+def test_a_store_searches_a_saved_index_at_the_default_width_not_the_width_it_was_saved_with(tmp_path):
+    pytest.importorskip("hnswlib")
+    from comfyui_chai.cache_store.index.vector_index import DEFAULT_EF
+
+    config = StoreConfig(10**9, index_backend="hnsw")
+    with CacheStore(tmp_path / "c", config, index_kwargs={"ef": 16}) as s:
+        for i in range(5):
+            s.insert(f"thing {i}", embedded(Entity(f"thing{i}", "object", f"thing{i}")), FP, latents(i), SIGMAS)
+        s.keeper.save()
+        assert s.keeper.index.ef == 16
+    with CacheStore(tmp_path / "c", config) as s:
+        assert s.keeper.index.backend == "hnsw" and s.keeper.index.ef == DEFAULT_EF

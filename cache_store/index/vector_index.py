@@ -27,7 +27,10 @@ from .file import (FORMAT_NAME, FORMAT_VERSION, IndexLoadError, _labels_section,
 __all__ = ["VectorIndex", "IndexLoadError", "HNSW_MIN_SIZE", "DEFAULT_EF", "DEFAULT_M", "DEFAULT_EF_CONSTRUCTION"]
 
 HNSW_MIN_SIZE = 4000  # twice the measured exact/hnsw crossover, so hnsw is never slower while in use
-DEFAULT_EF = 64       # recall@32 0.988-0.993 on 60k real MiniLM entity vectors at M=32/200
+# Search width. Every text of one identity shares one vector, so a large cache holds many exact duplicates, and
+# those cost hnswlib recall: on bench_store_scale's 100k entries recall@16 (counted by similarity) was 0.936 at
+# ef 64 and 0.998 at 128, for 0.08 ms more per query. Stores pass it on load too (backend.index_options).
+DEFAULT_EF = 128
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
 # "auto" switches back to exact only below this fraction of hnsw_min_size, so churn near the switch point does
