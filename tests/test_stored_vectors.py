@@ -168,3 +168,24 @@ def test_a_store_searches_a_saved_index_at_the_default_width_not_the_width_it_wa
         assert s.keeper.index.ef == 16
     with CacheStore(tmp_path / "c", config) as s:
         assert s.keeper.index.backend == "hnsw" and s.keeper.index.ef == DEFAULT_EF
+
+
+def test_the_siblings_of_one_lookup_are_bounded_closest_identity_first(tmp_path, monkeypatch):
+    from comfyui_chai.cache_store.lookup import ranking
+
+    monkeypatch.setattr(ranking, "SIBLINGS", 4)
+    monkeypatch.setattr(ranking, "SIBLINGS_TOTAL", 6)
+    with CacheStore(tmp_path / "c", StoreConfig(10**9)) as s:
+        for head in ("car", "dog"):
+            for i in range(5):
+                thing = Entity(f"{head} number{i}", "object", head)
+                s.insert(f"{head} {i}", EmbeddedEntities((thing,), vector(head)[None], EMBEDDER), FP,
+                         latents(i), SIGMAS)
+        ids = {text: eid for eid, text in s.manifest.query("SELECT id, text FROM entities")}
+        matched = [(0, ids["car number0"], 0.7), (1, ids["dog number0"], 0.9)]
+        expanded, _ = ranking.with_siblings(s.manifest, matched)
+        by_query = {q: {eid for qq, eid, _ in expanded if qq == q} for q in (0, 1)}
+        named = {q: {text for text, eid in ids.items() if eid in by_query[q]} for q in (0, 1)}
+        assert named[1] == {f"dog number{i}" for i in range(5)}  # the closest identity: its newest 4, and the match
+        assert named[0] == {"car number4", "car number3", "car number0"}  # what the budget left, and the match
+        assert all(sim == 0.9 for q, _, sim in expanded if q == 1)

@@ -15,7 +15,8 @@ NEIGHBOURS = 16          # stored entities considered per query entity (postings
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
 DECIDED_SPARES = 2       # proposed entries the decision accepts before it stops asking
 SCENE_WINDOW = 64        # best entries the scene clause is tried on before it runs on all of them
-SIBLINGS = 512           # stored entities of one identity a matched entity stands for (the newest)
+SIBLINGS = 512           # stored entities of one identity a matched entity stands for (the newest) ...
+SIBLINGS_TOTAL = 2048    # ... and of all identities of one lookup, the closest identities first (bounds the worst)
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,18 @@ def with_siblings(manifest: Any, matched: list[tuple[int, int, float]]
     kind_of = {int(eid): (core, head) for eid, core, head in manifest.query(
         f"SELECT id, core, head FROM entities WHERE id IN ({marks}) AND head <> ''", ids)}  # v1 rows: no identity
     rows: dict[int, StoredEntity] = {}
-    family: dict[tuple[str, str], list[int]] = {}
-    for kind in sorted(set(kind_of.values())):
+    family: dict[tuple[str, str], list[int]] = {kind: [] for kind in kind_of.values()}
+    closest: dict[tuple[str, str], float] = {}
+    for _, eid, sim in matched:
+        if eid in kind_of:
+            closest[kind_of[eid]] = max(closest.get(kind_of[eid], -2.0), sim)
+    budget = SIBLINGS_TOTAL
+    for kind in sorted(closest, key=lambda k: (-closest[k], k)):  # the closest identities first
+        if budget <= 0:
+            break
         found = manifest.query("SELECT id, text, kind, head, core FROM entities WHERE core = ? AND head = ? "
-                               "ORDER BY id DESC LIMIT ?", (*kind, SIBLINGS))
+                               "ORDER BY id DESC LIMIT ?", (*kind, min(SIBLINGS, budget)))
+        budget -= len(found)
         family[kind] = [int(r[0]) for r in found]
         rows.update((int(r[0]), StoredEntity(r[1], r[2], r[3], r[4])) for r in found)
     best: dict[tuple[int, int], float] = {}
