@@ -46,6 +46,13 @@ FEATURE_SETS: dict[str, tuple[str, ...] | str | None] = {
                                   "main_missing", "donor_main_missing", "context_sim", "bag_sim", "primary_missing",
                                   "primary_best", "n_request", "missing_x_length", "scene_primary",
                                   "scene_backdrop", "subjects_differ"),
+    # Issue 25's third pass: a request's scene the donor does not answer, alone and with a generic person.
+    "sims+primary+length+scene+unanswered": ("main_sim", "scene_sim", "cross_sim", "secondary_sim",
+                                             "scene_conflict", "main_missing", "donor_main_missing", "context_sim",
+                                             "bag_sim", "primary_missing", "primary_best", "n_request",
+                                             "missing_x_length", "scene_primary", "scene_backdrop",
+                                             "subjects_differ", "generic_person", "scene_unanswered",
+                                             "generic_unanswered"),
     "all": None,  # every feature of decision.FEATURES
     # Not available to the store (it keeps no vector of a donor's whole prompt, and a second encoder forward per
     # lookup would double the embedding cost): shown to measure what that signal would add.

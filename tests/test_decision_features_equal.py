@@ -63,6 +63,8 @@ def numpy_features(request: Side, donor: Side, rule) -> dict[str, float]:
     out["scene_primary"] = float(bool(here) and bool(matched_scenes) and matched_scenes[0] == here[0])
     out["scene_backdrop"] = out["main_missing"] * (1.0 - out["scene_primary"])
     out["subjects_differ"] = out["main_missing"] * out["donor_main_missing"]
+    out["scene_unanswered"] = float(len(here) > 0 and len(there) == 0)
+    out["generic_unanswered"] = out["generic_person"] * out["scene_unanswered"]
     out["bag_sim"] = float(_unit(request.vectors.mean(axis=0)) @ _unit(donor.vectors.mean(axis=0)))
     return out
 

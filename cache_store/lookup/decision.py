@@ -27,6 +27,8 @@ what the two prompts share, from the entities and vectors the store already keep
                  backdrops); scene_backdrop: main_missing and not scene_primary; subjects_differ: main_missing
                  and donor_main_missing (each side shows a main subject the other lacks). The request's order
                  only: the store reads a donor's entities in entity-id order, not in its prompt's
+  scene_unanswered  the request names a scene and the donor none; generic_unanswered: that, with the best pair
+                 a generically named person (a girl borrowing from another girl somewhere else)
 
 The weights, the features used and the acceptance threshold were fitted to labelled pairs and chosen by
 leave-one-style-out cross-validation (`python -m bench.fit_decision`, which writes data/decision.json).
@@ -51,7 +53,7 @@ FEATURES = ("main_sim", "scene_sim", "cross_sim", "secondary_sim", "context_sim"
             "same_head", "compound_differs", "generic_person", "n_request", "n_donor", "main_missing",
             "donor_main_missing", "primary_missing", "donor_primary_missing",
             "primary_best", "donor_primary_best", "missing_x_length", "scene_primary", "scene_backdrop",
-            "subjects_differ")
+            "subjects_differ", "scene_unanswered", "generic_unanswered")
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,8 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
     out["scene_primary"] = float(bool(here) and bool(matched_scenes) and matched_scenes[0] == here[0])
     out["scene_backdrop"] = out["main_missing"] * (1.0 - out["scene_primary"])
     out["subjects_differ"] = out["main_missing"] * out["donor_main_missing"]
+    out["scene_unanswered"] = float(bool(here) and not there)
+    out["generic_unanswered"] = out["generic_person"] * out["scene_unanswered"]
     out["bag_sim"] = float(_unit(request.vectors.mean(axis=0)) @ _unit(donor.vectors.mean(axis=0)))
     return out
 
