@@ -2,20 +2,25 @@
 
 Entities come from the VBench prompt list: the extractor's entities of all prompts, plus new phrases made by
 putting the modifiers seen in VBench entities in front of the head nouns seen there ("wooden" + "umbrella"), so
-the vectors have the clustered structure of real entity embeddings. The phrase set is embedded once, in batches,
-and the vectors are reused (and cached in the system temp folder, keyed by the phrases and the embedder). Each
+the vectors have the clustered structure of real entity embeddings. As in the product, a vector is made of what
+each thing is (`Entity.identity`: "umbrella" for "wooden umbrella"), so the many texts of one identity share it;
+each identity is embedded once, in batches, and the vectors are reused (and cached in the system temp folder,
+keyed by the phrases and the embedder). Each
 entry holds 1-6 entities (VBench's distribution): a share drawn from the VBench entities by their frequency, the
 rest uniformly from the generated phrases. Latents are three small dummy tensors of shape [1, 4, 2, 4, 4].
 
 Measured: insert latency (with and without fsync, at the start and at full size), per-stage lookup latency for
-real VBench prompts (extraction, embedding cold and cached, the store's index / selection / latent-load stages,
-the raw index query), exact numpy search against hnswlib over the same vectors with recall, reopen time, file
-sizes and peak memory. Prints tables with the targets beside the figures; asserts nothing.
+real VBench prompts, or `--query-prompts` files (extraction, embedding cold, cached and as the product does it
+with the vectors the cache holds, the store's index / selection / latent-load stages, the raw index query), whether
+read-back vectors give the same answers as fresh ones, exact numpy search against hnswlib over the same vectors
+with recall counted by similarity (tied labels are arbitrary), reopen time, file sizes and peak memory. Prints
+tables with the targets beside the figures; asserts nothing.
 
     python -m bench.bench_store_scale --quick      # 5,000 entries, under a minute
     python -m bench.bench_store_scale              # 100,000 entries, takes a while on 2 cores
     python -m bench.bench_store_scale --entries 20000 --phrases 20000 --dir /some/folder --keep-dir
     python -m bench.bench_store_scale --reuse /some/folder/chai-scale-xxxx   # lookups only, on a kept store
+    python -m bench.bench_store_scale --reuse FOLDER --query-prompts bench/data/style_pairs/prompts_tags.txt ...
 
 "Whole lookup" is the sum of the stages measured for the same request (extraction, embedding, store.lookup).
 """
