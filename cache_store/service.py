@@ -119,7 +119,7 @@ class ChaiCache:
         """Vectors this cache already holds for these identities (the encoder's forward skipped); none when the
         cache cannot say, since embedding afresh always works."""
         try:
-            return dict(self.store.stored_vectors(phrases, emb.identity, int(emb.dim)))
+            return self.store.stored_vectors(phrases, emb.identity, int(emb.dim))
         except CacheError as exc:
             log.debug("[CHAI] stored vectors not read, embedding afresh: %s", exc)
             return {}

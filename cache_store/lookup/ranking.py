@@ -57,12 +57,18 @@ def with_siblings(manifest: Any, matched: list[tuple[int, int, float]]
     marks = ",".join("?" * len(ids))
     kind_of = {int(eid): (core, head) for eid, core, head in manifest.query(
         f"SELECT id, core, head FROM entities WHERE id IN ({marks}) AND head <> ''", ids)}  # v1 rows: no identity
-    rows: dict[int, StoredEntity] = {}
-    family: dict[tuple[str, str], list[int]] = {kind: [] for kind in kind_of.values()}
-    closest: dict[tuple[str, str], float] = {}
-    for _, eid, sim in matched:
+    best: dict[tuple[int, int], float] = {}
+    by_kind: dict[tuple[int, tuple[str, str]], float] = {}  # (query entity, identity) -> its best similarity
+    for q, eid, sim in matched:
+        best[(q, eid)] = max(best.get((q, eid), -2.0), sim)
         if eid in kind_of:
-            closest[kind_of[eid]] = max(closest.get(kind_of[eid], -2.0), sim)
+            key = (q, kind_of[eid])
+            by_kind[key] = max(by_kind.get(key, -2.0), sim)
+    closest: dict[tuple[str, str], float] = {}
+    for (_, kind), sim in by_kind.items():
+        closest[kind] = max(closest.get(kind, -2.0), sim)
+    rows: dict[int, StoredEntity] = {}
+    family: dict[tuple[str, str], list[int]] = {kind: [] for kind in closest}
     budget = SIBLINGS_TOTAL
     for kind in sorted(closest, key=lambda k: (-closest[k], k)):  # the closest identities first
         if budget <= 0:
@@ -72,13 +78,6 @@ def with_siblings(manifest: Any, matched: list[tuple[int, int, float]]
         budget -= len(found)
         family[kind] = [int(r[0]) for r in found]
         rows.update((int(r[0]), StoredEntity(r[1], r[2], r[3], r[4])) for r in found)
-    best: dict[tuple[int, int], float] = {}
-    by_kind: dict[tuple[int, tuple[str, str]], float] = {}
-    for q, eid, sim in matched:
-        best[(q, eid)] = max(best.get((q, eid), -2.0), sim)
-        if eid in kind_of:
-            key = (q, kind_of[eid])
-            by_kind[key] = max(by_kind.get(key, -2.0), sim)
     for (q, kind), sim in by_kind.items():  # once per query entity and identity, not per neighbour
         for other in family[kind]:
             best[(q, other)] = max(best.get((q, other), -2.0), sim)
