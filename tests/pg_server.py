@@ -8,7 +8,7 @@ superuser `postgres` (trusted on the socket: the tests' admin connection) and `c
 password (scram-sha-256), so credential handling is tested against real authentication.
 
     server = PgServer.start()          # or PgServer.find_binaries() is None -> no PostgreSQL here
-    server.url("chai")                 # postgresql://chai@/chai?host=/tmp/chai-pg-xxxx&port=5432 (no password)
+    server.url("chai")                 # postgresql://chai@/chai?host=<its socket folder>&port=5432 (no password)
     server.restart(); server.stop()
 """
 from __future__ import annotations

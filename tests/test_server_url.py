@@ -34,7 +34,7 @@ def test_a_node_url_may_not_carry_a_password_because_workflows_are_shared():
     assert node.source == "node" and node.password is None
 
 
-@pytest.mark.parametrize("bad", ["mysql://db/x", "db.farm.example", "s3://bucket/cache", "sqlite:///tmp/x"])
+@pytest.mark.parametrize("bad", ["mysql://db/x", "db.farm.example", "s3://bucket/cache", "sqlite:///cache.db"])
 def test_other_schemes_are_refused_with_what_to_write(bad):
     with pytest.raises(BackendURLError, match="must start with postgresql://"):
         resolve(bad, {})
