@@ -89,3 +89,38 @@ def test_any_role_widens_only_the_roles():
     rule = HitRule(0.7, scenes_must_agree=False)
     wide = rule.any_role()
     assert wide.roles == frozenset(ROLES) and wide.threshold == 0.7 and not wide.scenes_must_agree
+
+
+WORDS = ("dog", "sausage", "fire", "truck", "lion", "sea", "man", "red", "hot", "bear", "teddy", "street", "city")
+
+
+def _entity(rng: np.random.Generator, role: str = MAIN) -> Entity:
+    """A random entity of one to three words from a small vocabulary, so heads, cores and words collide often."""
+    words = [str(w) for w in rng.choice(WORDS, size=int(rng.integers(1, 4)))]
+    head = words[-1]
+    core = " ".join(words[-2:]) if len(words) > 1 and rng.random() < 0.5 else ""
+    return Entity(" ".join(words), str(rng.choice(["object", "scene", "other"])), head, role,
+                  core if core != head else "")
+
+
+def test_the_identity_filter_is_same_thing_for_every_stored_entity_of_an_identity_and_its_sql_agrees():
+    """`identity_filter` + `IdentityFilter.admits` decide each stored entity as `same_thing` does, and the SQL the
+    ranking runs (`identity_sql`) admits exactly the entities `admits` does."""
+    rule = HitRule(0.6)
+    rng = np.random.default_rng(7)
+    db = sqlite3.connect(":memory:")
+    sql = f"SELECT 1 FROM (SELECT ? AS drop_object, ? AS ban, ? AS ban_any) m, (SELECT ? AS kind, ? AS text) e " \
+          f"WHERE {rule.identity_sql('m', 'e', 'instr')}"
+    seen = set()
+    for _ in range(4000):
+        query, stored = _entity(rng), _entity(rng)
+        sim = float(rng.choice([0.7, 0.9]))
+        python = rule.same_thing(query, stored, sim)
+        only = rule.identity_filter(query, stored.core, stored.head, sim)
+        assert python == (only is not None and only.admits(stored.kind, stored.text)), (query, stored, sim)
+        if only is not None:
+            in_sql = bool(db.execute(sql, [*only.row(), stored.kind, stored.text]).fetchall())
+            assert in_sql == only.admits(stored.kind, stored.text), (query, stored, only)
+            seen.add((only.drop_object, bool(only.ban), only.ban_any, in_sql))
+        seen.add(python)
+    assert {True, False} <= seen and len(seen) >= 8  # refusals of every form were exercised

@@ -60,8 +60,8 @@ def test_windowed_scene_clause_picks_the_same_candidates(opener, monkeypatch, wi
                 labels, sims = s.keeper.query(request.vectors, ranking.NEIGHBOURS)
                 matched = [(q, int(lab), float(sim)) for q in range(len(request))
                            for lab, sim in zip(labels[q], sims[q]) if lab >= 0 and sim >= THR]
-                carried = ranking.borrowable(s.db, request, matched, rule)
-                scenes = ranking.agreeing_scenes(request, matched)
+                carried = ranking.borrowable(s.db, request, ranking.by_identity(s.db, matched), rule)
+                scenes = ranking.agreeing_scenes(request, ranking.scene_matches(s.db, request, matched))
                 if not carried or scenes is None:
                     continue
                 got = ranking.rank(s.db, carried, FP, shape_key(SHAPE), rule, scenes)
@@ -101,3 +101,24 @@ def test_an_entry_of_the_same_prompt_is_preferred_among_equal_donors(opener):
         request = replace(embedded(*ents), prompt="a  dog on the BEACH")
         again = s.lookup(request, FP, SHAPE, HitRule(THR))
         assert again.hit and again.entry.id == own  # the same prompt, up to case and spacing, first
+
+
+def test_the_ranking_joins_identities_and_refuses_the_texts_the_rule_refuses(opener):
+    """A match stands for every stored text of its identity, and the per-text part of the hit rule runs in the
+    ranking's SQL on both backends: the newest entry, whose text names the request's head as a modifier ("fire"
+    in a 'fire truck' parsed as an adjective), is refused; the older entry of the same identity is the hit."""
+    truck = vector("truck")
+
+    def one(text: str, head: str, core: str = "") -> EmbeddedEntities:
+        return EmbeddedEntities((Entity(text, "object", head, "main", core),), truck[None], EMBEDDER)
+
+    with opener("c", StoreConfig(10**9)) as s:
+        red = s.insert("a red truck", one("red truck", "truck"), FP, latents(1), SIGMAS).entry_id
+        s.insert("a fire truck", one("fire truck", "truck"), FP, latents(2), SIGMAS)
+        s.insert("an old truck", EmbeddedEntities((Entity("old truck", "object", "truck", "secondary"),),
+                                                  truck[None], EMBEDDER), FP, latents(3), SIGMAS)  # a prop
+        fire = s.lookup(one("fire", "fire"), FP, SHAPE, HitRule(THR, decision=None), touch=False)
+        assert fire.hit and fire.entry.id == red
+        assert [(m.query, m.entity) for m in fire.matches] == [("fire", "red truck")]
+        plain = s.lookup(one("truck", "truck"), FP, SHAPE, HitRule(THR, decision=None), touch=False)
+        assert plain.hit and plain.entry.prompt == "a fire truck"  # no refusal: the newest main subject

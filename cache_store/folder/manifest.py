@@ -125,6 +125,7 @@ class Manifest:
     """Thread-safe wrapper over one SQLite connection in WAL mode."""
 
     PINNED_JOIN = "CROSS JOIN"  # SQLite keeps the join order a CROSS JOIN names (ranking relies on it)
+    INSTR = "instr"  # ranking.rank: the position of a substring, 0 when absent
 
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path

@@ -51,9 +51,10 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     if not matched:
         timings["select"] = time.perf_counter() - t1
         return LookupResult(False, ranking.no_match_reason(db, entities, labels, sims, threshold), timings=timings)
-    matched, known = ranking.with_siblings(db, matched)
-    carried = ranking.borrowable(db, entities, matched, rule, known)
-    scenes = ranking.agreeing_scenes(entities, matched) if rule.scenes_must_agree else None
+    grouped = ranking.by_identity(db, matched)
+    carried = ranking.borrowable(db, entities, grouped, rule)
+    scenes = (ranking.agreeing_scenes(entities, ranking.scene_matches(db, entities, matched))
+              if rule.scenes_must_agree else None)
     candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule, scenes) if carried else []
     if not candidates and carried and scenes is not None:
         refused = ranking.rank(db, carried, fingerprint, shape_key(shape), rule)  # all of another scene
@@ -69,7 +70,7 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     if not candidates and refused_why:
         return LookupResult(False, refused_why, timings=timings)
     if not candidates:
-        if not ranking.rank(db, matched, fingerprint, shape_key(shape), rule.any_role()):
+        if not ranking.rank(db, grouped, fingerprint, shape_key(shape), rule.any_role()):
             return LookupResult(False, ranking.incompatible_reason(db, matched, fingerprint, shape), timings=timings)
         return LookupResult(False, ranking.secondary_reason(db, entities, matched, rule), timings=timings)
     t2 = time.perf_counter()

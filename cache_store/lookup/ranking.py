@@ -1,7 +1,7 @@
 """Lookup ranking over the manifest's postings, and the reasons a lookup missed."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -9,7 +9,7 @@ import numpy as np
 from ..entities.roles import SCENE
 from ..types import EmbeddedEntities, Match, shape_key
 from .decision import features, side_of
-from .rule import HitRule, matched_role
+from .rule import HitRule, IdentityFilter, matched_role
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
@@ -52,8 +52,11 @@ def with_siblings(manifest: Any, matched: list[tuple[int, int, float]]
     """The matches, plus every other stored entity of a matched entity's identity at the same similarity (the
     newest SIBLINGS of each), and the manifest rows of the siblings read on the way. Texts of one identity share
     one vector ("red car", "old car": "car"), so in a large cache the index's nearest neighbours can all be texts
-    of one identity while its other texts, and the entries that hold them, lie past them."""
+    of one identity while its other texts, and the entries that hold them, lie past them. The ranking joins
+    identities in SQL (`rank`); this list is for the scene clause, which names stored entities."""
     ids = sorted({eid for _, eid, _ in matched})
+    if not ids:
+        return [], {}
     marks = ",".join("?" * len(ids))
     kind_of = {int(eid): (core, head) for eid, core, head in manifest.query(
         f"SELECT id, core, head FROM entities WHERE id IN ({marks}) AND head <> ''", ids)}  # v1 rows: no identity
@@ -84,37 +87,116 @@ def with_siblings(manifest: Any, matched: list[tuple[int, int, float]]
     return [(q, eid, sim) for (q, eid), sim in best.items()], rows
 
 
-def borrowable(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]],
-               rule: HitRule, known: dict[int, StoredEntity] | None = None) -> list[tuple[int, int, float]]:
+@dataclass(frozen=True)
+class IdentityMatch:
+    """A request entity matching every stored entity of one identity (`core`, `head`) at `sim`, less those the
+    hit rule's `same_thing` refuses by their own kind or words (`only`)."""
+
+    q: int
+    core: str
+    head: str
+    sim: float
+    only: IdentityFilter = IdentityFilter()
+
+
+@dataclass(frozen=True)
+class Matched:
+    """A lookup's matches: by identity (the many texts of one thing share its vector, so a match stands for all of
+    them), and by stored entity id for rows of format v1, which name no identity."""
+
+    identities: tuple[IdentityMatch, ...] = ()
+    entities: tuple[tuple[int, int, float], ...] = ()  # (query entity, stored entity id, similarity)
+
+    def __bool__(self) -> bool:
+        return bool(self.identities or self.entities)
+
+    def admits(self, q: int, stored: StoredEntity, entity_id: int, v1: bool) -> float | None:
+        """The best similarity at which query entity `q` matches this stored entity, or None."""
+        sims = ([s for qq, eid, s in self.entities if qq == q and eid == entity_id] if v1 else
+                [m.sim for m in self.identities if m.q == q and (m.core, m.head) == (stored.core, stored.head)
+                 and m.only.admits(stored.kind, stored.text)])
+        return max(sims) if sims else None
+
+
+def by_identity(manifest: Any, matched: list[tuple[int, int, float]]) -> Matched:
+    """The index's neighbours grouped by what they are: each query entity's best similarity to each identity."""
+    ids = sorted({eid for _, eid, _ in matched})
+    identity: dict[int, tuple[str, str]] = {}
+    for start in range(0, len(ids), 500):
+        part = ids[start:start + 500]
+        identity.update((int(eid), (core, head)) for eid, core, head in manifest.query(
+            f"SELECT id, core, head FROM entities WHERE id IN ({','.join('?' * len(part))})", part))
+    best: dict[tuple[int, str, str], float] = {}
+    old: dict[tuple[int, int], float] = {}
+    for q, eid, sim in matched:
+        if eid not in identity:
+            continue  # gone since the index answered
+        core, head = identity[eid]
+        if head:
+            best[(q, core, head)] = max(best.get((q, core, head), -2.0), sim)
+        else:
+            old[(q, eid)] = max(old.get((q, eid), -2.0), sim)
+    return Matched(tuple(IdentityMatch(q, core, head, sim) for (q, core, head), sim in best.items()),
+                   tuple((q, eid, sim) for (q, eid), sim in old.items()))
+
+
+def borrowable(manifest: Any, entities: EmbeddedEntities, matched: Matched, rule: HitRule) -> Matched:
     """The matches that may carry a hit: the request's main subject or scene naming the same kind of thing as
-    the stored entity (whose role in each entry the ranking checks). `known`: manifest rows already read."""
+    the stored entities (whose role in each entry the ranking checks)."""
     query_ok = {q for q, e in enumerate(entities.entities) if e.role in rule.roles}
-    candidates = [m for m in matched if m[0] in query_ok]
-    known = known or {}
-    stored = {**stored_entities(manifest, [eid for _, eid, _ in candidates if eid not in known]), **known}
-    return [(q, eid, sim) for q, eid, sim in candidates
-            if eid in stored and rule.same_thing(entities.entities[q], stored[eid], sim)]
+    kept = []
+    for m in matched.identities:
+        if m.q in query_ok:
+            only = rule.identity_filter(entities.entities[m.q], m.core, m.head, m.sim)
+            if only is not None:
+                kept.append(replace(m, only=only))
+    old = [m for m in matched.entities if m[0] in query_ok]
+    stored = stored_entities(manifest, [eid for _, eid, _ in old])
+    return Matched(tuple(kept), tuple((q, eid, sim) for q, eid, sim in old
+                                      if eid in stored and rule.same_thing(entities.entities[q], stored[eid], sim)))
 
 
-def rank(manifest: Any, matched: list[tuple[int, int, float]], fingerprint: str, shape: str, rule: HitRule,
+def scene_matches(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]]
+                  ) -> list[tuple[int, int, float]]:
+    """The matches of the request's scenes, with the siblings of their identities (what `agreeing_scenes` reads)."""
+    scenes = {q for q, e in enumerate(entities.entities) if e.role == SCENE}
+    return with_siblings(manifest, [m for m in matched if m[0] in scenes])[0]
+
+
+def rank(manifest: Any, matched: Matched, fingerprint: str, shape: str, rule: HitRule,
          scenes: Sequence[int] | None = None) -> list[int]:
     """Compatible entries, where the matched entities hold one of the rule's roles, ordered by matched query
     entities, then summed similarity, then newest. With `scenes` (the stored entity ids the request's scenes
     match), the rule's scene clause runs too, before the candidate limit."""
     group = manifest.query("SELECT id FROM groups WHERE fingerprint=? AND shape=?", (fingerprint, shape))
-    if not group:
+    if not group or not matched:
         return []
-    values = ",".join(["(?,?,?)"] * len(matched))
-    params: list[Any] = [x for triple in matched for x in triple]
     roles, role_params = rule.roles_sql("p.role")
     where, where_params = rule.scenes_sql(scenes)
-    # The join is pinned to matched entities -> their postings in this group (one range scan each): SQLite's
-    # CROSS JOIN; PostgreSQL plans that order by itself and spells it JOIN.
-    best = (f"WITH m(q, eid, sim) AS (VALUES {values}), "
-            "best AS (SELECT p.entry_id AS entry_id, m.q AS q, MAX(m.sim) AS sim "
-            f"FROM m {manifest.PINNED_JOIN} postings p ON p.group_id = ? AND p.entity_id = m.eid "
-            f"AND {roles} GROUP BY p.entry_id, m.q)")
-    head = params + [group[0][0], *role_params]
+    join = manifest.PINNED_JOIN
+    tables: list[str] = []
+    parts: list[str] = []
+    params: list[Any] = []
+    part_params: list[Any] = []
+    # Joins pinned to matches -> their stored entities -> their postings in this group (index range scans each):
+    # SQLite's CROSS JOIN; PostgreSQL plans that order by itself and spells it JOIN.
+    if matched.identities:
+        tables.append(f"mi(q, core, head, sim, drop_object, ban, ban_any) AS (VALUES "
+                      f"{','.join(['(?,?,?,?,?,?,?)'] * len(matched.identities))})")
+        params += [x for m in matched.identities for x in (m.q, m.core, m.head, m.sim, *m.only.row())]
+        parts.append(f"SELECT p.entry_id AS entry_id, mi.q AS q, mi.sim AS sim FROM mi {join} entities e "
+                     f"ON e.core = mi.core AND e.head = mi.head AND {rule.identity_sql('mi', 'e', manifest.INSTR)} "
+                     f"{join} postings p ON p.group_id = ? AND p.entity_id = e.id AND {roles}")
+        part_params += [group[0][0], *role_params]
+    if matched.entities:
+        tables.append(f"me(q, eid, sim) AS (VALUES {','.join(['(?,?,?)'] * len(matched.entities))})")
+        params += [x for triple in matched.entities for x in triple]
+        parts.append(f"SELECT p.entry_id AS entry_id, me.q AS q, me.sim AS sim FROM me {join} postings p "
+                     f"ON p.group_id = ? AND p.entity_id = me.eid AND {roles}")
+        part_params += [group[0][0], *role_params]
+    best = (f"WITH {', '.join(tables)}, best AS (SELECT entry_id, q, MAX(sim) AS sim FROM "
+            f"({' UNION ALL '.join(parts)}) AS h GROUP BY entry_id, q)")
+    head = params + part_params
     order = "ORDER BY n DESC, s DESC, entry_id DESC"
     if where:
         # The scene clause costs two subqueries per entry: run it on the SCENE_WINDOW best entries first (the same
@@ -212,17 +294,18 @@ def entry_scene(manifest: Any, entry_id: int) -> str:
     return rows[0][0] if rows else ""
 
 
-def matches_for(manifest: Any, entry_id: int, entities: EmbeddedEntities,
-                 matched: list[tuple[int, int, float]]) -> list[Match]:
-    held = {r[0]: (r[1], r[2]) for r in manifest.query(
-        "SELECT e.id, e.text, p.role FROM postings p JOIN entities e ON e.id = p.entity_id WHERE p.entry_id=?",
-        (entry_id,))}
+def matches_for(manifest: Any, entry_id: int, entities: EmbeddedEntities, matched: Matched) -> list[Match]:
+    """What of the request an entry matches: each query entity's best match among the entry's entities."""
     best: dict[int, tuple[float, str, str]] = {}
-    for q, eid, sim in matched:
-        if eid in held and sim > best.get(q, (-2.0, "", ""))[0]:
-            best[q] = (sim, *held[eid])
-    return [Match(entities.entities[q].text, text, sim,
-                  matched_role(entities.entities[q].role, role))
+    for eid, text, kind, head, core, role in manifest.query(
+            "SELECT e.id, e.text, e.kind, e.head, e.core, p.role FROM postings p JOIN entities e "
+            "ON e.id = p.entity_id WHERE p.entry_id=?", (entry_id,)):
+        stored = StoredEntity(text, kind, head, core)
+        for q in range(len(entities)):
+            sim = matched.admits(q, stored, int(eid), v1=not head)
+            if sim is not None and sim > best.get(q, (-2.0, "", ""))[0]:
+                best[q] = (sim, text, role)
+    return [Match(entities.entities[q].text, text, sim, matched_role(entities.entities[q].role, role))
             for q, (sim, text, role) in sorted(best.items())]
 
 def entity_texts(manifest: Any, ids: Sequence[int]) -> dict[int, str]:

@@ -1,8 +1,8 @@
 """The hit rule: which entity matches make an earlier generation worth borrowing from (the one place it lives).
 
 `HitRule` holds the Python predicates the benches measure (`carries`, `same_thing`, `scenes_agree`) side by side
-with the SQL the stores run (`roles_sql`, `scenes_sql`, used by `ranking.rank`); tests/test_hit_rule.py checks that
-both agree. `ChaiCache` builds one rule per lookup and passes it to `store.lookup`.
+with the SQL the stores run (`roles_sql`, `scenes_sql`, `identity_sql`, used by `ranking.rank`); tests/test_hit_rule.py
+checks that both agree. `ChaiCache` builds one rule per lookup and passes it to `store.lookup`.
 
 A match pairs an entity of the request with an entity of a cached entry at cosine similarity >= the threshold.
 The rule proposes donors; its `decision` (a model fitted to labelled pairs, `lookup.decision`) then accepts or
@@ -63,6 +63,27 @@ class HitRule:
                 return similarity >= self.identity_threshold
         return True
 
+    def identity_filter(self, query: Any, core: str, head: str, similarity: float) -> IdentityFilter | None:
+        """`same_thing` for every stored entity of one identity (`core`, `head`) at once: None when it refuses them
+        all, else the part that still depends on each one's kind and words (the ranking runs it as `identity_sql`)."""
+        if query.head != head:
+            applies_to_all = query.kind == "object"  # else only stored objects are tested
+            if head in _modifiers(query):
+                return None if applies_to_all else IdentityFilter(drop_object=True)
+            return IdentityFilter(ban=query.head, ban_any=applies_to_all)
+        if query.kind == "object" and head not in GENERIC_PEOPLE and query.identity != (core or head):
+            if similarity < self.identity_threshold:
+                return IdentityFilter(drop_object=True)
+        return IdentityFilter()
+
+    @staticmethod
+    def identity_sql(match: str, entity: str, instr: str) -> str:
+        """The SQL twin of `IdentityFilter.admits`: `match` names a row with columns drop_object, ban and ban_any,
+        `entity` a row of entities, `instr` the backend's substring position function (0 = absent)."""
+        return (f"NOT ({match}.drop_object = 1 AND {entity}.kind = 'object') AND ({match}.ban = '' OR "
+                f"({match}.ban_any = 0 AND {entity}.kind <> 'object') OR "
+                f"{instr}(' ' || {entity}.text || ' ', ' ' || {match}.ban || ' ') = 0)")
+
     def scenes_agree(self, request: Sequence[Any], donor: Sequence[Any], sim: Callable[[Any, Any], float]) -> bool:
         """Whether two prompts' entities leave no scene disagreement: either names no scene, or some pair of their
         scenes reaches the threshold (the lookup applies the same test to the index's neighbours)."""
@@ -96,6 +117,29 @@ class HitRule:
         return self.carries(query.role, stored.role, similarity) and self.same_thing(query, stored, similarity)
 
 
+@dataclass(frozen=True)
+class IdentityFilter:
+    """What of `HitRule.same_thing` depends on the stored entity once its identity is known: stored objects
+    refused outright (`drop_object`), and a word (`ban`) whose presence refuses a stored entity (an object, or any
+    kind when `ban_any`). A word is found between single spaces, as the extractor writes texts."""
+
+    drop_object: bool = False
+    ban: str = ""
+    ban_any: bool = False
+
+    def admits(self, kind: str, text: str) -> bool:
+        """Whether a stored entity of this kind and text passes (`HitRule.identity_sql` in Python)."""
+        if self.drop_object and kind == "object":
+            return False
+        return not self.ban or (not self.ban_any and kind != "object") or f" {self.ban} " not in f" {text} "
+
+    def row(self) -> tuple[int, str, int]:
+        """The filter as the ranking's SQL reads it: (drop_object, ban, ban_any)."""
+        if "\0" in self.ban:  # in no stored text (stores write NUL as U+FFFD), and PostgreSQL refuses it
+            return int(self.drop_object), "", 0
+        return int(self.drop_object), self.ban, int(self.ban_any)
+
+
 def _modifiers(entity: Any) -> set[str]:
     """The words of an entity other than its head ("sausage" in "sausage dog", "guitar" in "man playing guitar")."""
     return {w for w in entity.text.split() if w != entity.head}
@@ -106,4 +150,4 @@ def matched_role(query_role: str, stored_role: str) -> str:
     return {MAIN: "main subject", SCENE: "scene"}.get(query_role, query_role)
 
 
-__all__ = ["HitRule", "matched_role"]
+__all__ = ["HitRule", "IdentityFilter", "matched_role"]

@@ -5,14 +5,15 @@ The SQL contract. The ranking (lookup/ranking.py) runs plain SQL on `LookupSourc
 
 - `db.query(sql, params)` returns a list of row tuples; placeholders are `?` (the backend translates them);
 - `db.PINNED_JOIN`: the join keyword that keeps the join order as written (SQLite "CROSS JOIN", else "JOIN");
+- `db.INSTR`: the name of the function giving a substring's position in a text, 0 when absent ("instr", "strpos");
 - `WITH ... AS (VALUES (?,?,?), ...)` common table expressions, `EXISTS` subqueries, `GROUP BY`, `LIMIT ?`;
 - tables and the columns read:
   `groups(id, fingerprint, shape)`: one row per (model fingerprint, `types.shape_key` of the latent shape);
   `entries(id, prompt, fingerprint, shape)`; `entities(id, text, kind, head, core, vector)`, `id` being the label the
   entity has in the vector index and `vector` its float32 bytes (read by the decision and `stored_vectors`; an
-  index on `(core, head)` keeps the identity queries fast); `postings(group_id, entity_id, entry_id, role)`, one
-  row per entity of an entry,
-  `role` one of `entities.roles.ROLES`.
+  index on `(core, head)` keeps the identity queries and the ranking's identity join fast);
+  `postings(group_id, entity_id, entry_id, role)`, one row per entity of an entry, `role` one of
+  `entities.roles.ROLES`; `WITH ... UNION ALL ...` and `||` string concatenation.
 
 A backend that keeps no SQL would hand the lookup an object that answers these queries (or emulates the tables).
 """

@@ -54,6 +54,7 @@ class PgDb:
     """A lazily (re)connected psycopg connection whose search_path is one cache's schema."""
 
     PINNED_JOIN = "JOIN"  # ranking.rank: PostgreSQL plans the join order itself
+    INSTR = "strpos"  # ranking.rank: the position of a substring, 0 when absent
 
     def __init__(self, server: ServerURL, schema: str, timeout_s: float | None = None) -> None:
         self.server = server
