@@ -43,13 +43,17 @@ def _sql_keeps(rule: HitRule, request: list[Entity], donor: list[Entity], vector
     """Whether the ranking's scene clause keeps the donor entry, on a postings table holding just that entry."""
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE postings (entry_id INTEGER, entity_id INTEGER, role TEXT)")
+    db.execute("CREATE TABLE entities (id INTEGER PRIMARY KEY, core TEXT, head TEXT)")
     ids = {e.text: i for i, e in enumerate(donor, start=1)}
     db.executemany("INSERT INTO postings VALUES (1, ?, ?)", [(ids[e.text], e.role) for e in donor])
+    # each donor entity is an identity of its own (its text as its core), so a match names exactly that entity
+    db.executemany("INSERT INTO entities VALUES (?, ?, ?)", [(ids[e.text], e.text, e.head) for e in donor])
     entities = EmbeddedEntities(tuple(request), np.stack([vectors[e.text] for e in request]), "test")
     matched = [(q, ids[d.text], float(vectors[e.text] @ vectors[d.text]))
                for q, e in enumerate(request) for d in donor]
     matched = [m for m in matched if m[2] >= rule.threshold]
-    scenes = ranking.agreeing_scenes(entities, matched)
+    manifest = type("Db", (), {"query": staticmethod(lambda sql, params=(): db.execute(sql, params).fetchall())})
+    scenes = ranking.agreeing_scenes(entities, ranking.by_identity(manifest, matched))
     where, params = rule.scenes_sql(scenes)
     return bool(db.execute(f"WITH best(entry_id) AS (VALUES (1)) SELECT entry_id FROM best {where}",
                            params).fetchall())

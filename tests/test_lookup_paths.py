@@ -60,8 +60,9 @@ def test_windowed_scene_clause_picks_the_same_candidates(opener, monkeypatch, wi
                 labels, sims = s.keeper.query(request.vectors, ranking.NEIGHBOURS)
                 matched = [(q, int(lab), float(sim)) for q in range(len(request))
                            for lab, sim in zip(labels[q], sims[q]) if lab >= 0 and sim >= THR]
-                carried = ranking.borrowable(s.db, request, ranking.by_identity(s.db, matched), rule)
-                scenes = ranking.agreeing_scenes(request, ranking.scene_matches(s.db, request, matched))
+                grouped = ranking.by_identity(s.db, matched)
+                carried = ranking.borrowable(s.db, request, grouped, rule)
+                scenes = ranking.agreeing_scenes(request, grouped)
                 if not carried or scenes is None:
                     continue
                 got = ranking.rank(s.db, carried, FP, shape_key(SHAPE), rule, scenes)

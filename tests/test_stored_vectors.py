@@ -170,22 +170,32 @@ def test_a_store_searches_a_saved_index_at_the_default_width_not_the_width_it_wa
         assert s.keeper.index.backend == "hnsw" and s.keeper.index.ef == DEFAULT_EF
 
 
-def test_the_siblings_of_one_lookup_are_bounded_closest_identity_first(tmp_path, monkeypatch):
+def test_a_scene_agrees_by_identity_past_the_index_neighbours(opener, monkeypatch):
+    """The scene clause matches what the request's scene is, not the stored texts the index happened to return:
+    the donor's scene text lies past the neighbours (many texts share the beach vector), and the scene still
+    agrees; the newer donor of the same subject in a forest is still refused."""
     from comfyui_chai.cache_store.lookup import ranking
 
-    monkeypatch.setattr(ranking, "SIBLINGS", 4)
-    monkeypatch.setattr(ranking, "SIBLINGS_TOTAL", 6)
-    with CacheStore(tmp_path / "c", StoreConfig(10**9)) as s:
-        for head in ("car", "dog"):
-            for i in range(5):
-                thing = Entity(f"{head} number{i}", "object", head)
-                s.insert(f"{head} {i}", EmbeddedEntities((thing,), vector(head)[None], EMBEDDER), FP,
-                         latents(i), SIGMAS)
-        ids = {text: eid for eid, text in s.manifest.query("SELECT id, text FROM entities")}
-        matched = [(0, ids["car number0"], 0.7), (1, ids["dog number0"], 0.9)]
-        expanded, _ = ranking.with_siblings(s.manifest, matched)
-        by_query = {q: {eid for qq, eid, _ in expanded if qq == q} for q in (0, 1)}
-        named = {q: {text for text, eid in ids.items() if eid in by_query[q]} for q in (0, 1)}
-        assert named[1] == {f"dog number{i}" for i in range(5)}  # the closest identity: its newest 4, and the match
-        assert named[0] == {"car number4", "car number3", "car number0"}  # what the budget left, and the match
-        assert all(sim == 0.9 for q, _, sim in expanded if q == 1)
+    monkeypatch.setattr(ranking, "NEIGHBOURS", 2)
+
+    def scene(text: str, head: str) -> Entity:
+        return Entity(text, "scene", head, "scene")
+
+    dog = Entity("dog", "object", "dog", "main")
+    with opener("c", StoreConfig(10**9)) as s:
+        for i in range(6):
+            s.insert(f"a cat {i}", EmbeddedEntities((Entity("cat", "object", "cat", "main"),
+                     scene(f"number{i} beach", "beach")), np.stack([vector("cat"), vector("beach")]), EMBEDDER),
+                     FP, latents(i + 1), SIGMAS)
+        s.insert("a dog on a sunny beach", EmbeddedEntities((dog, scene("sunny beach", "beach")),
+                 np.stack([vector("dog"), vector("beach")]), EMBEDDER), FP, latents(0), SIGMAS)
+        s.insert("a dog in a forest", EmbeddedEntities((dog, scene("forest", "forest")),
+                 np.stack([vector("dog"), vector("forest")]), EMBEDDER), FP, latents(9), SIGMAS)
+        request = EmbeddedEntities((dog, scene("beach", "beach")), np.stack([vector("dog"), vector("beach")]),
+                                   EMBEDDER)
+        labels, _ = s.keeper.query(request.vectors, ranking.NEIGHBOURS)
+        texts = {eid: text for eid, text in s.db.query("SELECT id, text FROM entities")}
+        assert "sunny beach" not in {texts.get(int(x)) for x in labels[1]}  # the donor's scene is past them
+        hit = s.lookup(request, FP, SHAPE, HitRule(0.5, decision=None), touch=False)
+        assert hit.hit and hit.entry.prompt == "a dog on a sunny beach"
+        assert sorted(m.entity for m in hit.matches) == ["dog", "sunny beach"]

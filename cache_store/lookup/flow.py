@@ -53,8 +53,7 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
         return LookupResult(False, ranking.no_match_reason(db, entities, labels, sims, threshold), timings=timings)
     grouped = ranking.by_identity(db, matched)
     carried = ranking.borrowable(db, entities, grouped, rule)
-    scenes = (ranking.agreeing_scenes(entities, ranking.scene_matches(db, entities, matched))
-              if rule.scenes_must_agree else None)
+    scenes = ranking.agreeing_scenes(entities, grouped) if rule.scenes_must_agree else None
     candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule, scenes) if carried else []
     if not candidates and carried and scenes is not None:
         refused = ranking.rank(db, carried, fingerprint, shape_key(shape), rule)  # all of another scene

@@ -9,14 +9,12 @@ import numpy as np
 from ..entities.roles import SCENE
 from ..types import EmbeddedEntities, Match, shape_key
 from .decision import features, side_of
-from .rule import HitRule, IdentityFilter, matched_role
+from .rule import HitRule, IdentityFilter, SceneKeys, matched_role
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
 DECIDED_SPARES = 2       # proposed entries the decision accepts before it stops asking
 SCENE_WINDOW = 64        # best entries the scene clause is tried on before it runs on all of them
-SIBLINGS = 512           # stored entities of one identity a matched entity stands for (the newest) ...
-SIBLINGS_TOTAL = 2048    # ... and of all identities of one lookup, the closest identities first (bounds the worst)
 
 
 @dataclass(frozen=True)
@@ -45,46 +43,6 @@ def stored_entities(manifest: Any, ids: Sequence[int]) -> dict[int, StoredEntity
                 f"SELECT id, text, kind, head, core FROM entities WHERE id IN ({marks})", part):
             out[eid] = StoredEntity(text, kind, head or text.rsplit(" ", 1)[-1], core)
     return out
-
-
-def with_siblings(manifest: Any, matched: list[tuple[int, int, float]]
-                  ) -> tuple[list[tuple[int, int, float]], dict[int, StoredEntity]]:
-    """The matches, plus every other stored entity of a matched entity's identity at the same similarity (the
-    newest SIBLINGS of each), and the manifest rows of the siblings read on the way. Texts of one identity share
-    one vector ("red car", "old car": "car"), so in a large cache the index's nearest neighbours can all be texts
-    of one identity while its other texts, and the entries that hold them, lie past them. The ranking joins
-    identities in SQL (`rank`); this list is for the scene clause, which names stored entities."""
-    ids = sorted({eid for _, eid, _ in matched})
-    if not ids:
-        return [], {}
-    marks = ",".join("?" * len(ids))
-    kind_of = {int(eid): (core, head) for eid, core, head in manifest.query(
-        f"SELECT id, core, head FROM entities WHERE id IN ({marks}) AND head <> ''", ids)}  # v1 rows: no identity
-    best: dict[tuple[int, int], float] = {}
-    by_kind: dict[tuple[int, tuple[str, str]], float] = {}  # (query entity, identity) -> its best similarity
-    for q, eid, sim in matched:
-        best[(q, eid)] = max(best.get((q, eid), -2.0), sim)
-        if eid in kind_of:
-            key = (q, kind_of[eid])
-            by_kind[key] = max(by_kind.get(key, -2.0), sim)
-    closest: dict[tuple[str, str], float] = {}
-    for (_, kind), sim in by_kind.items():
-        closest[kind] = max(closest.get(kind, -2.0), sim)
-    rows: dict[int, StoredEntity] = {}
-    family: dict[tuple[str, str], list[int]] = {kind: [] for kind in closest}
-    budget = SIBLINGS_TOTAL
-    for kind in sorted(closest, key=lambda k: (-closest[k], k)):  # the closest identities first
-        if budget <= 0:
-            break
-        found = manifest.query("SELECT id, text, kind, head, core FROM entities WHERE core = ? AND head = ? "
-                               "ORDER BY id DESC LIMIT ?", (*kind, min(SIBLINGS, budget)))
-        budget -= len(found)
-        family[kind] = [int(r[0]) for r in found]
-        rows.update((int(r[0]), StoredEntity(r[1], r[2], r[3], r[4])) for r in found)
-    for (q, kind), sim in by_kind.items():  # once per query entity and identity, not per neighbour
-        for other in family[kind]:
-            best[(q, other)] = max(best.get((q, other), -2.0), sim)
-    return [(q, eid, sim) for (q, eid), sim in best.items()], rows
 
 
 @dataclass(frozen=True)
@@ -156,18 +114,11 @@ def borrowable(manifest: Any, entities: EmbeddedEntities, matched: Matched, rule
                                       if eid in stored and rule.same_thing(entities.entities[q], stored[eid], sim)))
 
 
-def scene_matches(manifest: Any, entities: EmbeddedEntities, matched: list[tuple[int, int, float]]
-                  ) -> list[tuple[int, int, float]]:
-    """The matches of the request's scenes, with the siblings of their identities (what `agreeing_scenes` reads)."""
-    scenes = {q for q, e in enumerate(entities.entities) if e.role == SCENE}
-    return with_siblings(manifest, [m for m in matched if m[0] in scenes])[0]
-
-
 def rank(manifest: Any, matched: Matched, fingerprint: str, shape: str, rule: HitRule,
-         scenes: Sequence[int] | None = None) -> list[int]:
+         scenes: SceneKeys | None = None) -> list[int]:
     """Compatible entries, where the matched entities hold one of the rule's roles, ordered by matched query
-    entities, then summed similarity, then newest. With `scenes` (the stored entity ids the request's scenes
-    match), the rule's scene clause runs too, before the candidate limit."""
+    entities, then summed similarity, then newest. With `scenes` (the stored scenes the request's scenes match),
+    the rule's scene clause runs too, before the candidate limit."""
     group = manifest.query("SELECT id FROM groups WHERE fingerprint=? AND shape=?", (fingerprint, shape))
     if not group or not matched:
         return []
@@ -275,16 +226,18 @@ def explain(values: dict[str, float]) -> str:
     return "; ".join(why) or "too little shared"
 
 
-def agreeing_scenes(entities: EmbeddedEntities, matched: list[tuple[int, int, float]]) -> list[int] | None:
-    """Stored entity ids the request's scenes match (None when the request names no scene: no scene filter).
+def agreeing_scenes(entities: EmbeddedEntities, matched: Matched) -> SceneKeys | None:
+    """The stored scenes the request's scenes match (None when the request names no scene: no scene filter).
 
-    Only the index's nearest stored entities of each scene are candidates (`NEIGHBOURS`), so a stored scene past
-    them counts as another scene: a miss that could have been a hit, never a hit from another scene.
+    Only identities among the index's nearest stored entities of each scene are candidates (`NEIGHBOURS`), so a
+    stored scene past them counts as another scene: a miss that could have been a hit, never a hit from another
+    scene.
     """
     scenes = {q for q, e in enumerate(entities.entities) if e.role == SCENE}
     if not scenes:
         return None
-    return sorted({eid for q, eid, _ in matched if q in scenes})
+    return SceneKeys(tuple(sorted({(m.core, m.head) for m in matched.identities if m.q in scenes})),
+                     tuple(sorted({eid for q, eid, _ in matched.entities if q in scenes})))
 
 
 def entry_scene(manifest: Any, entry_id: int) -> str:

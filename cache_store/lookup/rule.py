@@ -92,17 +92,21 @@ class HitRule:
         return (not self.scenes_must_agree or not here or not there
                 or any(sim(q, d) >= self.threshold for q in here for d in there))
 
-    def scenes_sql(self, scenes: Sequence[int] | None) -> tuple[str, list[Any]]:
+    def scenes_sql(self, scenes: SceneKeys | None) -> tuple[str, list[Any]]:
         """The SQL twin of `scenes_agree`, for the ranking's `best` rows: a WHERE clause (and its parameters)
-        keeping entries that name no scene or one of `scenes`, the stored entity ids the request's scenes match.
+        keeping entries that name no scene or one of `scenes`, the stored scenes the request's scenes match.
         `scenes` None (the request names no scene, or the rule lets scenes differ): no clause."""
         if scenes is None or not self.scenes_must_agree:
             return "", []
         clause = "WHERE (NOT EXISTS (SELECT 1 FROM postings sp WHERE sp.entry_id = best.entry_id AND sp.role = ?)"
         if not scenes:
             return clause + ") ", [SCENE]
-        return (clause + " OR EXISTS (SELECT 1 FROM postings sp WHERE sp.entry_id = best.entry_id AND sp.role = ? "
-                f"AND sp.entity_id IN ({','.join('?' * len(scenes))}))) ", [SCENE, SCENE, *scenes])
+        terms = ["(se.core = ? AND se.head = ?)"] * len(scenes.identities)
+        if scenes.ids:
+            terms.append(f"se.id IN ({','.join('?' * len(scenes.ids))})")
+        return (clause + " OR EXISTS (SELECT 1 FROM postings sp JOIN entities se ON se.id = sp.entity_id "
+                f"WHERE sp.entry_id = best.entry_id AND sp.role = ? AND ({' OR '.join(terms)}))) ",
+                [SCENE, SCENE, *(x for pair in scenes.identities for x in pair), *scenes.ids])
 
     def roles_sql(self, column: str) -> tuple[str, list[Any]]:
         """The SQL twin of `carries`' role test: `column` holds one of the rule's roles."""
@@ -115,6 +119,17 @@ class HitRule:
     def accepts(self, query: Any, stored: Any, similarity: float) -> bool:
         """`carries` by role and similarity, and `same_thing`."""
         return self.carries(query.role, stored.role, similarity) and self.same_thing(query, stored, similarity)
+
+
+@dataclass(frozen=True)
+class SceneKeys:
+    """The stored scenes a request's scenes match: identities (`core`, `head`), and entity ids of rows of format v1."""
+
+    identities: tuple[tuple[str, str], ...] = ()
+    ids: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.identities or self.ids)
 
 
 @dataclass(frozen=True)
@@ -150,4 +165,4 @@ def matched_role(query_role: str, stored_role: str) -> str:
     return {MAIN: "main subject", SCENE: "scene"}.get(query_role, query_role)
 
 
-__all__ = ["HitRule", "IdentityFilter", "matched_role"]
+__all__ = ["HitRule", "IdentityFilter", "SceneKeys", "matched_role"]
