@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -184,8 +185,11 @@ class CacheStore(StoreBase):
                 f"latent file {entry.file}")
 
     def _touch_entry(self, entry: EntryInfo) -> EntryInfo:
-        self.touch(entry.id)
-        return self.manifest.entry(entry.id) or entry
+        row = self._touch(entry.id, True)
+        try:
+            return replace(entry, last_used=float(row[0]), hits=int(row[1])) if row else entry
+        except (TypeError, ValueError):  # a hand-damaged row: the entry as it was read
+            return entry
 
     def _save_index(self) -> None:
         self.keeper.save()  # callers hold the writer lock
@@ -224,10 +228,15 @@ class CacheStore(StoreBase):
     def touch(self, entry_id: int, count_hit: bool = True) -> None:
         """Refresh an entry's recency (and its use count for LFU); not waiting for the disk (a power cut may
         lose a hit's recency, nothing else)."""
+        self._touch(entry_id, count_hit)
+
+    def _touch(self, entry_id: int, count_hit: bool) -> tuple | None:
+        # The row as the update left it, read in the same transaction (no second read of the entry after it).
         with self.manifest.write(durable=False) as cur:
             tick = Manifest.bump(cur, "tick")
             cur.execute("UPDATE entries SET last_used=?, use_tick=?, hits=hits+? WHERE id=?",
                         (time.time(), tick, int(count_hit), entry_id))
+            return cur.execute("SELECT last_used, hits FROM entries WHERE id=?", (entry_id,)).fetchone()
 
     # ------------------------------------------------------------------ management
     def stats(self) -> StoreStats:
