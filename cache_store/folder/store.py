@@ -186,10 +186,7 @@ class CacheStore(StoreBase):
 
     def _touch_entry(self, entry: EntryInfo) -> EntryInfo:
         row = self._touch(entry.id, True)
-        try:
-            return replace(entry, last_used=float(row[0]), hits=int(row[1])) if row else entry
-        except (TypeError, ValueError):  # a hand-damaged row: the entry as it was read
-            return entry
+        return replace(entry, last_used=float(row[0]), hits=int(row[1])) if row else entry
 
     def _save_index(self) -> None:
         self.keeper.save()  # callers hold the writer lock

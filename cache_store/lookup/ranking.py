@@ -32,17 +32,20 @@ class StoredEntity:
         return self.core or self.head
 
 
-def stored_entities(manifest: Any, ids: Sequence[int]) -> dict[int, StoredEntity]:
-    """Manifest rows of these entity ids."""
-    out: dict[int, StoredEntity] = {}
+def entity_rows(manifest: Any, columns: str, ids: Sequence[int]) -> list[tuple]:
+    """`SELECT id, <columns>` of these entity ids, 500 ids a statement."""
     ids = sorted(set(ids))
+    rows: list[tuple] = []
     for start in range(0, len(ids), 500):
         part = ids[start:start + 500]
-        marks = ",".join("?" * len(part))
-        for eid, text, kind, head, core in manifest.query(
-                f"SELECT id, text, kind, head, core FROM entities WHERE id IN ({marks})", part):
-            out[eid] = StoredEntity(text, kind, head or text.rsplit(" ", 1)[-1], core)
-    return out
+        rows += manifest.query(f"SELECT id, {columns} FROM entities WHERE id IN ({','.join('?' * len(part))})", part)
+    return rows
+
+
+def stored_entities(manifest: Any, ids: Sequence[int]) -> dict[int, StoredEntity]:
+    """Manifest rows of these entity ids."""
+    return {eid: StoredEntity(text, kind, head or text.rsplit(" ", 1)[-1], core)
+            for eid, text, kind, head, core in entity_rows(manifest, "text, kind, head, core", ids)}
 
 
 @dataclass(frozen=True)
@@ -78,12 +81,8 @@ class Matched:
 
 def by_identity(manifest: Any, matched: list[tuple[int, int, float]]) -> Matched:
     """The index's neighbours grouped by what they are: each query entity's best similarity to each identity."""
-    ids = sorted({eid for _, eid, _ in matched})
-    identity: dict[int, tuple[str, str]] = {}
-    for start in range(0, len(ids), 500):
-        part = ids[start:start + 500]
-        identity.update((int(eid), (core, head)) for eid, core, head in manifest.query(
-            f"SELECT id, core, head FROM entities WHERE id IN ({','.join('?' * len(part))})", part))
+    identity = {int(eid): (core, head) for eid, core, head in
+                entity_rows(manifest, "core, head", [eid for _, eid, _ in matched])}
     best: dict[tuple[int, str, str], float] = {}
     old: dict[tuple[int, int], float] = {}
     for q, eid, sim in matched:

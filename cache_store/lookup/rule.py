@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
+from ..naming import encodable_text
 from .decision import DecisionModel, default_decision
 
 
@@ -150,8 +151,8 @@ class IdentityFilter:
 
     def row(self) -> tuple[int, str, int]:
         """The filter as the ranking's SQL reads it: (drop_object, ban, ban_any)."""
-        if "\0" in self.ban:  # in no stored text (stores write NUL as U+FFFD), and PostgreSQL refuses it
-            return int(self.drop_object), "", 0
+        if encodable_text(self.ban) != self.ban:  # in no stored text (stores write NUL and lone surrogates
+            return int(self.drop_object), "", 0  # as U+FFFD), and PostgreSQL refuses them as parameters
         return int(self.drop_object), self.ban, int(self.ban_any)
 
 
