@@ -35,8 +35,8 @@ class Opener:
             return CacheStore(self.tmp / name, config, **kwargs)
         from comfyui_chai.cache_store.postgres.store import PgCacheStore
 
-        return PgCacheStore(self.server(), f"{self.prefix}-{name}", config,
-                            index_root=self.tmp / "workers" / uuid.uuid4().hex[:8], **kwargs)
+        kwargs.setdefault("index_root", self.tmp / "workers" / uuid.uuid4().hex[:8])  # a worker of its own
+        return PgCacheStore(self.server(), f"{self.prefix}-{name}", config, **kwargs)
 
 
 def total_counter(store: Any) -> int:

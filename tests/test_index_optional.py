@@ -70,7 +70,9 @@ def answers(store: CacheStore) -> list[tuple]:
 
 def every_entry_found(store: CacheStore, ids: list[int]) -> None:
     labels = set(store.keeper.index.labels().tolist())
-    assert labels == set(store.manifest.entity_vectors()[0].tolist())
+    points = store.manifest.entity_points()
+    assert labels == store.keeper.points.labels()
+    assert len(labels) == len({(ident, v.tobytes()) for ident, v in zip(points.identities, points.vectors)})
     assert sorted(e.id for e in store.entries()) == sorted(ids)
     hit = store.lookup(ents("red dog"), FP, SHAPE, HitRule(THR), touch=False)
     assert hit.hit and hit.latents is not None

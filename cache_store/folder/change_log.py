@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..index.keeper import LogHead
+from ..index.points import EntityPoints
 from .manifest import Manifest
 
 
@@ -45,5 +44,5 @@ class ManifestLog:
     def mark_at(self, seq: int) -> str | None:
         return None  # a folder's log is its own manifest: its rows carry no marks
 
-    def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        return self.manifest.entity_vectors(ids)
+    def entity_points(self, ids: Sequence[int] | None = None) -> EntityPoints:
+        return self.manifest.entity_points(ids)

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import regular_files
 from ..errors import FormatVersionError, ManifestDamagedError, ManifestError
+from ..index.points import EntityPoints, points_of
 from ..types import EntryInfo
 
 FORMAT_VERSION = 2  # v2: entities carry head and core, postings the entity's role in the entry
@@ -350,21 +351,23 @@ class Manifest:
 
     def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids, vectors) of all entities, or of the given ids."""
-        if ids is None:
-            rows = self.query("SELECT id, vector FROM entities ORDER BY id")
-        else:
-            rows = []
-            for chunk in range(0, len(ids), 500):
-                part = list(ids[chunk:chunk + 500])
-                rows += self.query(
-                    f"SELECT id, vector FROM entities WHERE id IN ({','.join('?' * len(part))})", part)
-        dim = int(self.meta("dim", "0") or 0)
-        rows = [r for r in rows if isinstance(r[1], bytes) and dim and len(r[1]) == 4 * dim]  # malformed: skipped
-        if not rows:
-            return np.zeros(0, np.int64), np.zeros((0, max(dim, 0)), np.float32)
-        labels = np.fromiter((r[0] for r in rows), np.int64, len(rows))
-        vectors = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows])
-        return labels, vectors
+        points = self.entity_points(ids)
+        return points.ids, points.vectors
+
+    def entity_points(self, ids: Sequence[int] | None = None) -> EntityPoints:
+        """Ids, vectors and identities ((core, head); None for rows of format v1) of all entities, or of the given
+        ids, in one read transaction."""
+        sql = "SELECT id, vector, core, head FROM entities"
+        with self.read() as cur:
+            if ids is None:
+                rows = cur.execute(sql + " ORDER BY id").fetchall()
+            else:
+                rows = []
+                for chunk in range(0, len(ids), 500):
+                    part = [int(i) for i in ids[chunk:chunk + 500]]
+                    rows += cur.execute(f"{sql} WHERE id IN ({','.join('?' * len(part))})", part).fetchall()
+            dim = cur.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()
+        return points_of(rows, int(dim[0]) if dim and str(dim[0]).isdigit() else 0)
 
     def close(self) -> None:
         """Close the connection."""

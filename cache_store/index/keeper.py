@@ -19,6 +19,7 @@ import numpy as np
 from .. import latents as lat
 from .. import regular_files
 from ..validate import UNIT_TOLERANCE
+from .points import Edit, EntityPoints, PointMap
 from .vector_index import IndexLoadError, VectorIndex
 
 log = logging.getLogger(__name__)
@@ -26,16 +27,18 @@ log = logging.getLogger(__name__)
 INDEX_STATE = "state.json"
 
 
-def usable_vectors(labels: np.ndarray, vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def usable_points(points: EntityPoints) -> EntityPoints:
     """Only finite unit rows: a bad vector in an old manifest must not stop the index from loading."""
-    if not len(labels):
-        return labels, vectors
+    if not len(points):
+        return points
+    vectors = points.vectors
     ok = np.isfinite(vectors).all(axis=1)
     ok &= np.abs(np.linalg.norm(np.where(ok[:, None], vectors, 0), axis=1) - 1.0) <= UNIT_TOLERANCE
-    if not ok.all():
-        log.warning("[CHAI] %d entity vector(s) in the manifest are not finite unit vectors; they are not "
-                    "searchable (repair drops them)", int((~ok).sum()))
-    return labels[ok], vectors[ok]
+    if ok.all():
+        return points
+    log.warning("[CHAI] %d entity vector(s) in the manifest are not finite unit vectors; they are not "
+                "searchable (repair drops them)", int((~ok).sum()))
+    return points.subset(ok)
 
 
 @dataclass(frozen=True)
@@ -64,12 +67,16 @@ class ChangeLog(Protocol):
     def mark_at(self, seq: int) -> str | None:
         """The mark of the log row at `seq`, or None (no such row, or a log without marks)."""
 
-    def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, vectors) of all entities, or of the given ids."""
+    def entity_points(self, ids: Sequence[int] | None = None) -> EntityPoints:
+        """Ids, vectors and identities of all entities, or of the given ids, in one snapshot."""
+
+
+RECONCILE_FRACTION = 0.25  # a saved index further than this from the cache's points is rebuilt, not patched
 
 
 class IndexKeeper:
-    """Loads, replays, rebuilds and saves one cache's VectorIndex (the change log's cache is the truth)."""
+    """Loads, replays, rebuilds and saves one cache's VectorIndex (the change log's cache is the truth); its points
+    are the cache's identities (`points.PointMap`)."""
 
     def __init__(self, log: ChangeLog, index_dir: Path, index_kwargs: Mapping[str, Any]) -> None:
         self.log = log
@@ -77,6 +84,7 @@ class IndexKeeper:
         self._kwargs = dict(index_kwargs)
         self.lock = threading.RLock()
         self.index: VectorIndex | None = None
+        self.points = PointMap()
         self.seq, self.epoch, self.gen = 0, -1, -1
         self.mark: str | None = None  # mark of the log row at self.seq: the history this index was built from
         self.unsaved = 0
@@ -87,6 +95,7 @@ class IndexKeeper:
         with self.lock:
             head = self.log.head()
             self.index, self.seq, self.epoch, self.gen, self.mark = None, 0, head.epoch, -1, None
+            self.points = PointMap()
             if head.dim is None:
                 return
             try:
@@ -114,12 +123,24 @@ class IndexKeeper:
             raise IndexLoadError(why)
         if head.dim is None:  # load() only gets here with vectors in the log
             raise IndexLoadError("the change log holds no vectors to index")
-        self.index = VectorIndex.load(self.index_dir / name, head.dim, **self._kwargs)
-        self.seq, self.mark = state["seq"], state.get("mark")
-        self.sync(force=True)
-        ids, _ = usable_vectors(*self.log.entity_vectors())
-        if set(self.index.labels().tolist()) != set(ids.tolist()):
+        index = VectorIndex.load(self.index_dir / name, head.dim, **self._kwargs)
+        # The cache as it is now (read after `head`, so replaying the log from there only repeats what it holds),
+        # and the saved points patched to it when they are close: other processes wrote since the save.
+        points = PointMap()
+        pts = usable_points(self.log.entity_points())
+        points.add(pts)
+        saved, wanted = set(index.labels().tolist()), points.labels()
+        stale, missing = saved - wanted, wanted - saved
+        if len(stale) + len(missing) > RECONCILE_FRACTION * max(len(wanted), 1):
             raise IndexLoadError("index labels disagree with the manifest's entities")
+        if stale:
+            index.remove(sorted(stale))
+        if missing:
+            rows = np.isin(pts.ids, np.fromiter(missing, np.int64, len(missing)))
+            index.add(pts.ids[rows], pts.vectors[rows])
+        self.index, self.points = index, points
+        self.seq, self.mark, self.epoch, self.gen = head.last, head.mark, head.epoch, head.generation
+        self.unsaved = len(stale) + len(missing)
 
     def rebuild(self) -> None:
         """A fresh index of every usable entity vector in the cache."""
@@ -127,15 +148,24 @@ class IndexKeeper:
             head = self.log.head()
             if head.dim is None:
                 self.index = None
+                self.points = PointMap()
                 self.gen, self.epoch = head.generation, head.epoch
                 return
-            labels, vectors = usable_vectors(*self.log.entity_vectors())
+            points = PointMap()
+            edit = points.add(usable_points(self.log.entity_points()))
             index = VectorIndex(head.dim, **self._kwargs)
-            if len(labels):
-                index.add(labels, vectors)
-            self.index, self.seq, self.mark = index, head.last, head.mark
+            self._apply(index, edit, head.dim)
+            self.index, self.points, self.seq, self.mark = index, points, head.last, head.mark
             self.epoch, self.gen = head.epoch, head.generation
-            self.unsaved = len(labels)
+            self.unsaved = len(points)
+
+    @staticmethod
+    def _apply(index: VectorIndex, edit: Edit, dim: int) -> None:
+        if edit.removed:
+            index.remove(edit.removed)
+        labels, vectors = edit.arrays(dim)
+        if len(labels):
+            index.add(labels, vectors)
 
     def sync(self, force: bool = False) -> None:
         """Apply entity additions and deletions other processes (or this one) logged since the last sync."""
@@ -157,11 +187,9 @@ class IndexKeeper:
             removed = [eid for eid, op in final.items() if op == "del"]
             added = [eid for eid, op in final.items() if op == "add"]
             if removed:
-                self.index.remove(removed)
+                self._apply(self.index, self.points.remove(removed), head.dim)
             if added:
-                labels, vectors = usable_vectors(*self.log.entity_vectors(added))
-                if len(labels):
-                    self.index.add(labels, vectors)
+                self._apply(self.index, self.points.add(usable_points(self.log.entity_points(added))), head.dim)
             if rows:
                 self.seq = rows[-1][0]
                 self.mark = head.mark if self.seq == head.last else self.log.mark_at(self.seq)
@@ -201,8 +229,10 @@ class IndexKeeper:
             self.last_save = time.monotonic()
 
     def query(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """Top-k (labels, similarities), or None while the index is empty."""
+        """The points among each query's k nearest stored texts, as (labels, similarities), or None while the
+        index is empty; a label stands for every entity of its identity."""
         with self.lock:
             if self.index is None or len(self.index) == 0:
                 return None
-            return self.index.query(vectors, min(k, len(self.index)))
+            labels, sims = self.index.query(vectors, min(k, len(self.index)))
+            return self.points.nearest_texts(labels, sims, k)

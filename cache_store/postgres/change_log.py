@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..index.keeper import LogHead
+from ..index.points import EntityPoints, points_of
 from .db import PgDb
 
 FULL_READ_MIN_S, FULL_READ_FACTOR = 60.0, 12  # the time limit of reading every entity vector
@@ -44,20 +43,16 @@ class PgChangeLog:
         rows = self.db.query("SELECT mark FROM index_log WHERE seq = ?", (int(seq),)) if seq > 0 else []
         return str(rows[0][0]) if rows else None
 
-    def entity_vectors(self, ids: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def entity_points(self, ids: Sequence[int] | None = None) -> EntityPoints:
         dim = self.head().dim or 0
         limit = self.db.timeout_s
         if ids is None and limit is not None:  # every vector (a rebuild): 100,000 of them are 150 MB
             limit = max(FULL_READ_MIN_S, FULL_READ_FACTOR * limit)
         with self.db.limited(limit), self.db.transaction(readonly=True, binary=True) as cur:
             if ids is None:
-                cur.execute("SELECT id, vector FROM entities ORDER BY id")
+                cur.execute("SELECT id, vector, core, head FROM entities ORDER BY id")
             else:
-                cur.execute("SELECT id, vector FROM entities WHERE id = ANY(%s) ORDER BY id", ([int(i) for i in ids],))
-            rows = [(r[0], bytes(r[1])) for r in cur.fetchall()]
-        rows = [r for r in rows if dim and len(r[1]) == 4 * dim]  # malformed: skipped
-        if not rows:
-            return np.zeros(0, np.int64), np.zeros((0, max(dim, 0)), np.float32)
-        labels = np.fromiter((r[0] for r in rows), np.int64, len(rows))
-        vectors = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim).copy()
-        return labels, vectors
+                cur.execute("SELECT id, vector, core, head FROM entities WHERE id = ANY(%s) ORDER BY id",
+                            ([int(i) for i in ids],))
+            rows = cur.fetchall()
+        return points_of(rows, dim)
