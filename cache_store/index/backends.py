@@ -7,6 +7,10 @@ from typing import Any
 import numpy as np
 
 _ROWWISE_MAX_QUERIES = 16
+# Up to this many vectors a BLAS matrix-vector product runs on one thread and beats einsum 2-3x (647 identity
+# points, 6 queries: 0.10 / 0.53 ms p50 / p99 against 0.28 / 1.47, the other core busy or not); from about 1,500
+# OpenBLAS threads it, and its p99 with the other core busy went to 8 ms (bench figures in docs/cache-store.md).
+_GEMV_MAX_VECTORS = 1024
 
 
 def _as_labels(labels: Any) -> np.ndarray:
@@ -137,7 +141,10 @@ class _Exact:
             # 5k x 384, which stalled for 8-12 ms per call whenever the other core was busy (einsum: 0.46 ms).
             sims = np.empty((q.shape[0], n), dtype=np.float32)
             for i in range(q.shape[0]):
-                np.einsum("ij,j->i", mat, q[i], out=sims[i])
+                if n <= _GEMV_MAX_VECTORS:
+                    np.matmul(mat, q[i], out=sims[i])
+                else:
+                    np.einsum("ij,j->i", mat, q[i], out=sims[i])
         else:
             sims = q @ mat.T
         idx, vals = _top_k(sims, min(k, n))
