@@ -15,6 +15,13 @@ NEIGHBOURS = 16          # stored entities considered per query entity (postings
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
 DECIDED_SPARES = 2       # proposed entries the decision accepts before it stops asking
 SCENE_WINDOW = 64        # best entries the scene clause is tried on before it runs on all of them
+SIM_STEP = 2.0 ** -16    # similarities are ranked in steps of this (exact binary fractions: sums never round)
+
+
+def ranked_sim(sim: float) -> float:
+    """A similarity as the ranking orders it: float noise below SIM_STEP (hnswlib's 1 - distance against numpy's
+    product, 0.99999994 against 1.0) must not decide between two donors; equal matches go to the newest entry."""
+    return round(sim / SIM_STEP) * SIM_STEP
 
 
 @dataclass(frozen=True)
@@ -133,14 +140,14 @@ def rank(manifest: Any, matched: Matched, fingerprint: str, shape: str, rule: Hi
     if matched.identities:
         tables.append(f"mi(q, core, head, sim, drop_object, ban, ban_any) AS (VALUES "
                       f"{','.join(['(?,?,?,?,?,?,?)'] * len(matched.identities))})")
-        params += [x for m in matched.identities for x in (m.q, m.core, m.head, m.sim, *m.only.row())]
+        params += [x for m in matched.identities for x in (m.q, m.core, m.head, ranked_sim(m.sim), *m.only.row())]
         parts.append(f"SELECT p.entry_id AS entry_id, mi.q AS q, mi.sim AS sim FROM mi {join} entities e "
                      f"ON e.core = mi.core AND e.head = mi.head AND {rule.identity_sql('mi', 'e', manifest.INSTR)} "
                      f"{join} postings p ON p.group_id = ? AND p.entity_id = e.id AND {roles}")
         part_params += [group[0][0], *role_params]
     if matched.entities:
         tables.append(f"me(q, eid, sim) AS (VALUES {','.join(['(?,?,?)'] * len(matched.entities))})")
-        params += [x for triple in matched.entities for x in triple]
+        params += [x for q, eid, sim in matched.entities for x in (q, eid, ranked_sim(sim))]
         parts.append(f"SELECT p.entry_id AS entry_id, me.q AS q, me.sim AS sim FROM me {join} postings p "
                      f"ON p.group_id = ? AND p.entity_id = me.eid AND {roles}")
         part_params += [group[0][0], *role_params]
