@@ -86,3 +86,19 @@ def test_a_saved_index_of_one_point_per_text_is_rebuilt_once(opener, caplog, tmp
         assert [r for r in caplog.records if "rebuilding" in r.getMessage()]
         assert len(s.keeper.index) == 1
         assert s.lookup(things("car"), FP, SHAPE, HitRule(0.8), touch=False, load=False).hit
+
+
+def test_float_noise_in_similarities_does_not_pick_the_donor(opener):
+    """Two entries matched equally well, up to the 1e-7 that hnswlib and numpy disagree by: the newest wins."""
+    from comfyui_chai.cache_store.lookup import ranking
+    from comfyui_chai.cache_store.lookup.ranking import IdentityMatch, Matched
+    from comfyui_chai.cache_store.types import shape_key
+
+    with opener() as s:
+        old = s.insert("a barn", things("barn"), FP, latents(1), SIGMAS).entry_id
+        new = s.insert("a field", things("field"), FP, latents(2), SIGMAS).entry_id
+        rule = HitRule(0.8)
+        for noisy in ("barn", "field"):
+            matched = Matched(tuple(IdentityMatch(0, "", head, 1.0 - (6e-8 if head == noisy else 0.0))
+                                    for head in ("barn", "field")))
+            assert ranking.rank(s.db, matched, FP, shape_key(SHAPE), rule)[:2] == [new, old]
