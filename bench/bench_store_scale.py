@@ -11,10 +11,11 @@ rest uniformly from the generated phrases. Latents are three small dummy tensors
 
 Measured: insert latency (with and without fsync, at the start and at full size), per-stage lookup latency for
 real VBench prompts, or `--query-prompts` files (extraction, embedding cold, cached and as the product does it
-with the vectors the cache holds, the store's index / selection / latent-load stages, the raw index query), whether
-read-back vectors give the same answers as fresh ones, exact numpy search against hnswlib over the same vectors
-with recall counted by similarity (tied labels are arbitrary), reopen time, file sizes and peak memory. Prints
-tables with the targets beside the figures; asserts nothing.
+with the vectors the cache holds, the store's index / selection / latent-load stages, the store's own index query
+(one point per identity) and its recall against exact search over every stored text), whether read-back vectors
+give the same answers as fresh ones, the layout before identity points (one point per text) as exact numpy search
+and as hnswlib, with recall counted by similarity (tied labels are arbitrary), reopen time, file sizes and peak
+memory. Prints tables with the targets beside the figures; asserts nothing.
 
     python -m bench.bench_store_scale --quick      # 5,000 entries, under a minute
     python -m bench.bench_store_scale              # 100,000 entries, takes a while on 2 cores
@@ -241,6 +242,18 @@ def recall_above(hl: np.ndarray, hs: np.ndarray, el: np.ndarray, es: np.ndarray,
     return found / max(total, 1), total
 
 
+def identity_recall(pl: np.ndarray, ps: np.ndarray, el: np.ndarray, es: np.ndarray) -> float:
+    """Mean share of the distinct similarities in the exact per-text top-k (one per identity: its texts share a
+    vector) that a search over identity points returned."""
+    shares = []
+    for a, sa, b, sb in zip(pl, ps, el, es):
+        want = {round(float(x), 4) for x in sb[b >= 0]}
+        if want:
+            got = {round(float(x), 4) for x in sa[a >= 0]}
+            shares.append(len(want & got) / len(want))
+    return float(np.mean(shares)) if shares else float("nan")
+
+
 FRESH_PROCESS = r"""
 import json, sys, time
 import numpy as np
@@ -446,12 +459,12 @@ def main(argv: list[str] | None = None) -> None:
     exact = VectorIndex(stored_vecs.shape[1], backend="exact")
     exact.add(labels, stored_vecs)
     t_exact_build = time.perf_counter() - t
-    hnsw = store._index  # the store's own index (private; read-only use)
-    hnsw_note = "the store's index"
-    if hnsw.backend != "hnsw":  # small store: compare against an hnsw index built over the same vectors
-        hnsw = VectorIndex(stored_vecs.shape[1], backend="hnsw")
-        hnsw.add(labels, stored_vecs)
-        hnsw_note = f"built here; the store uses {store._index.backend} at this size"
+    # The store's index holds one point per identity (index/points.py); the layout before it, one point per stored
+    # text, is built here over the same vectors for comparison, as hnswlib and as exact search.
+    points, points_backend = len(store.keeper.points), store._index.backend
+    hnsw = VectorIndex(stored_vecs.shape[1], backend="hnsw")
+    hnsw.add(labels, stored_vecs)
+    hnsw_note = f"one point per text ({len(labels)}), the layout before identity points"
     k = min(NEIGHBOURS, len(hnsw))
     posting_counts = dict(store.manifest.query("SELECT entity_id, COUNT(*) FROM postings GROUP BY entity_id"))
 
@@ -462,7 +475,7 @@ def main(argv: list[str] | None = None) -> None:
     qprompts = qprompts[:n_queries]
     st: dict[str, list[float]] = {s: [] for s in (
         "extract", "embed_cold", "embed_cached", "s_index", "s_select", "s_load", "store_lookup",
-        "load_latents", "q_hnsw", "q_exact", "whole_cold", "whole_cached", "noext_cold", "noext_cached",
+        "load_latents", "q_hnsw", "q_exact", "q_store", "whole_cold", "whole_cached", "noext_cold", "noext_cached",
         "lookup_miss", "embed_stored", "whole_stored")}
     cpu: dict[str, list[float]] = {s: [] for s in ("extract", "embed_cold", "store_lookup", "whole_cold",
                                                      "embed_stored", "whole_stored")}
@@ -536,6 +549,9 @@ def main(argv: list[str] | None = None) -> None:
             st["load_latents"].append(time.perf_counter() - t)
         else:
             st["lookup_miss"].append(t_look)
+        t = time.perf_counter()
+        store.keeper.query(vecs, k)
+        st["q_store"].append(time.perf_counter() - t)
         order = (hnsw, exact) if qi % 2 else (exact, hnsw)
         for ix in order:
             t = time.perf_counter()
@@ -553,6 +569,8 @@ def main(argv: list[str] | None = None) -> None:
     extra_q = stored_vecs[rng.choice(len(stored_vecs), size=min(1000, len(stored_vecs)), replace=False)]
     allq = np.concatenate(q_rows + [extra_q]) if q_rows else extra_q
     el, es = chunked_query(exact, allq, k)
+    sl, ss = store.keeper.query(allq, k)
+    store_recall = identity_recall(sl, ss, el, es)
     base_ef = hnsw.ef
     sweep = []
     log(f"hnsw sweep over ef {args.efs} ({len(allq)} query vectors)")
@@ -634,8 +652,10 @@ def main(argv: list[str] | None = None) -> None:
         row("store.lookup total", "store_lookup", "vectors given"),
         row("  of which misses", "lookup_miss", ""),
         row("load_latents()", "load_latents", "separate call, hits"),
-        row("index query, hnsw", "q_hnsw", f"VectorIndex.query, k={k}, ef={base_ef}, {hnsw_note}"),
-        row("index query, exact", "q_exact", "numpy over the same vectors"),
+        row("index query, the store's", "q_store", f"IndexKeeper.query, k={k} texts, {points} identity points "
+            f"({points_backend})"),
+        row("index query, hnsw per text", "q_hnsw", f"VectorIndex.query, k={k}, ef={base_ef}, {hnsw_note}"),
+        row("index query, exact per text", "q_exact", "numpy over the same vectors"),
         row("whole lookup, cold embed", "whole_cold", "extract + embed + store.lookup"),
         row("whole lookup, cached embed", "whole_cached", ""),
         row("whole lookup, stored vectors", "whole_stored", "extract + the product's embedding + store.lookup"),
@@ -667,6 +687,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table(["postings", "lookups", "p50 ms", "p99 ms"], brows))
     h50, h99, e50, e99 = (ms_pct(st["q_hnsw"], 50), ms_pct(st["q_hnsw"], 99),
                           ms_pct(st["q_exact"], 50), ms_pct(st["q_exact"], 99))
+    i50, i99 = ms_pct(st["q_store"], 50), ms_pct(st["q_store"], 99)
     print(f"\nexact / hnsw query time: p50 {e50 / h50:.1f}x, p99 {e99 / h99:.1f}x (exact index built in "
           f"{t_exact_build:.2f} s); hnsw M={hnsw.M}")
     print(f"hnsw against exact over {len(allq)} query vectors (the prompts' entity vectors + 1000 stored ones), "
@@ -703,10 +724,11 @@ def main(argv: list[str] | None = None) -> None:
     fresh_gb = fresh.get("peak_rss", float("nan")) / 1e9
     print("\ntargets")
     print(table(["target", "goal", "measured", ""], [
-        ["index query p99 (hnsw)", f"<= {TARGETS['index_p99_ms']} ms", f"{h99:.3f} ms (p50 {h50:.3f})",
-         verdict(h99 <= TARGETS["index_p99_ms"])],
-        [f"hnsw recall@{k}", f">= {TARGETS['recall']}", f"{recall_k:.4f} at ef={base_ef}",
-         verdict(recall_k >= TARGETS["recall"])],
+        ["index query p99 (the store's)", f"<= {TARGETS['index_p99_ms']} ms", f"{i99:.3f} ms (p50 {i50:.3f}; "
+         f"hnsw per text {h99:.3f})", verdict(i99 <= TARGETS["index_p99_ms"])],
+        [f"index recall@{k} (the store's, by identity)", f">= {TARGETS['recall']}",
+         f"{store_recall:.4f} (hnsw per text {recall_k:.4f} at ef={base_ef})",
+         verdict(store_recall >= TARGETS["recall"])],
         ["whole lookup p50 (the product's: stored vectors)", f"<= {TARGETS['whole_p50_ms']} ms",
          f"{stored50:.2f} ms", verdict(stored50 <= TARGETS["whole_p50_ms"])],
         ["whole lookup p50 (cold embed)", f"<= {TARGETS['whole_p50_ms']} ms", f"{whole50:.2f} ms",

@@ -28,9 +28,10 @@ __all__ = ["VectorIndex", "IndexLoadError", "HNSW_MIN_SIZE", "DEFAULT_EF", "DEFA
 
 HNSW_MIN_SIZE = 12000  # over twice the measured exact/hnsw crossover at DEFAULT_EF (4.5k-5k at ef 128; 1.5k-2k
                        # at ef 64), so hnsw is never slower while in use ("auto" keeps it down to half this size)
-# Search width. Every text of one identity shares one vector, so a large cache holds many exact duplicates, and
-# those cost hnswlib recall: on bench_store_scale's 100k entries recall@16 (counted by similarity) was 0.936 at
-# ef 64 and 0.998 at 128, for 0.08 ms more per query. Stores pass it on load too (backend.index_options).
+# Search width. Measured when the index held a point per stored text, whose many exact duplicates (every text of
+# one identity shares one vector) cost hnswlib recall: on bench_store_scale's 100k entries recall@16 (counted by
+# similarity) was 0.936 at ef 64 and 0.998 at 128, for 0.08 ms more per query. The stores' keepers now index one
+# point per identity (points.py). Stores pass it on load too (backend.index_options).
 DEFAULT_EF = 128
 DEFAULT_M = 32
 DEFAULT_EF_CONSTRUCTION = 200
