@@ -8,6 +8,7 @@ cost hnswlib recall). Entities of format v1 name no identity and keep a point ea
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Hashable, Sequence
 
@@ -82,8 +83,11 @@ class PointMap:
 
     @staticmethod
     def _key(entity_id: int, vector: np.ndarray, identity: Identity | None) -> Hashable:
-        # The vector is part of the key so that a point never stands for a text of another vector.
-        return ("v1", entity_id) if identity is None else (identity, vector.tobytes())
+        # The vector is part of the key (as a 16-byte digest, not its 1.5 kB) so that a point never stands for a
+        # text of another vector.
+        if identity is None:
+            return ("v1", entity_id)
+        return identity, hashlib.blake2b(np.ascontiguousarray(vector).tobytes(), digest_size=16).digest()
 
     def add(self, points: EntityPoints) -> Edit:
         """Take in entities (ones already here as they are are left alone; an id that now names another
@@ -133,9 +137,10 @@ class PointMap:
             del self._size[old]
             edit.added.pop(old, None)
             edit.removed.append(old)
-        self._label[key], self._vector[key] = new, vector
+        # A copy: `vector` is a row of the change log's whole read, which a view would keep alive.
+        self._label[key], self._vector[key] = new, np.array(vector, dtype=np.float32, copy=True)
         self._size[new] = len(self._members[key])
-        edit.added[new] = vector
+        edit.added[new] = self._vector[key]
 
     def nearest_texts(self, labels: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The points among the k nearest stored texts, from a search of at least k points: each row is cut
