@@ -61,8 +61,7 @@ def test_a_reopened_store_patches_its_saved_points_to_what_others_wrote(opener, 
         s.flush()
     with opener() as other:  # another process writes after the save
         new = other.insert("a kite", things("red kite"), FP, latents(50), SIGMAS).entry_id
-        if other.keeper.unsaved:
-            other.keeper.unsaved = 0  # it does not save: the next opener finds the older file
+        other.keeper.unsaved = 0  # it does not save: the next opener finds the older file
     caplog.set_level(logging.INFO, logger="comfyui_chai.cache_store.index.keeper")
     with opener(**worker) as s:
         assert not [r for r in caplog.records if "rebuilding" in r.getMessage()]

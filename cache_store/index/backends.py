@@ -8,8 +8,8 @@ import numpy as np
 
 _ROWWISE_MAX_QUERIES = 16
 # Up to this many vectors a BLAS matrix-vector product runs on one thread and beats einsum 2-3x (647 identity
-# points, 6 queries: 0.10 / 0.53 ms p50 / p99 against 0.28 / 1.47, the other core busy or not); from about 1,500
-# OpenBLAS threads it, and its p99 with the other core busy went to 8 ms (bench figures in docs/cache-store.md).
+# points, 6 queries: 0.10 / 0.53 ms p50 / p99 against 0.28 / 1.47, the other core busy or not; 1,024: 0.15 / 0.77);
+# at 1,500 OpenBLAS threads it, and its p99 with the other core busy went to 8 ms (measured 2026-12-02, 2 cores).
 _GEMV_MAX_VECTORS = 1024
 
 
@@ -136,12 +136,14 @@ class _Exact:
         n = len(self._row)
         mat = self._mat[:n]
         if q.shape[0] <= _ROWWISE_MAX_QUERIES:
-            # Row by row with einsum rather than BLAS: gemm packs the whole (n, dim) matrix on every call (1.2 ms
-            # vs 8 ms for 3 queries over 10k vectors), and OpenBLAS threads a matrix-vector product as small as
-            # 5k x 384, which stalled for 8-12 ms per call whenever the other core was busy (einsum: 0.46 ms).
+            # Row by row rather than one gemm: gemm packs the whole (n, dim) matrix on every call (1.2 ms vs 8 ms
+            # for 3 queries over 10k vectors), and OpenBLAS threads a matrix-vector product as small as 5k x 384,
+            # which stalled for 8-12 ms per call whenever the other core was busy (einsum: 0.46 ms); below
+            # _GEMV_MAX_VECTORS that product stays on one thread and is the fastest.
             sims = np.empty((q.shape[0], n), dtype=np.float32)
+            small = n <= _GEMV_MAX_VECTORS
             for i in range(q.shape[0]):
-                if n <= _GEMV_MAX_VECTORS:
+                if small:
                     np.matmul(mat, q[i], out=sims[i])
                 else:
                     np.einsum("ij,j->i", mat, q[i], out=sims[i])
