@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..naming import encodable_text
+from .casual import casual_spelling
 from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, ING_NOUNS, LEMMA_EXCEPTIONS, LOCATIVE_PREPOSITIONS,
                       LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS, QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS,
@@ -145,7 +146,7 @@ class EntityExtractor:
         text = truncate_prompt(encodable_text(prompt))
         if foreign_language(text) is not None:
             return ""
-        return self.words.correct_text(self.stop_entities.mask_templates(normalise_tags(text)))
+        return self.words.correct_text(casual_spelling(self.stop_entities.mask_templates(normalise_tags(text))))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -181,11 +182,19 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
         if made is None:
             continue
         entity = made[0]
+        if _adjective_alone(entity.text, words):
+            continue  # "A breathtaking aerial shot sweeps ...": the tagger's noun is a look, never an entity alone
         seen = merged.get(entity.text)
         if seen is None or (entity.kind == "scene" and seen[0].kind != "scene"):
             merged[entity.text] = made
     # Order of first mention: dict insertion order follows the candidates' sorted starts.
     return list(merged.values())
+
+
+def _adjective_alone(text: str, words: WordClasses) -> bool:
+    """A one-word entity the tables know only as an adjective ("breathtaking", "medieval"), outside our lexicons."""
+    return (" " not in text and "-" not in text and words.is_adjective(text) and text not in words.nouns
+            and text not in words.protected)
 
 
 def _has_alnum(text: str) -> bool:

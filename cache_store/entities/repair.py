@@ -8,7 +8,14 @@
   left", "camera zoom in"), and a verb's -s form after a singular noun that opens the sentence with a singular
   determiner, when the sentence has no finite verb that word does not govern ("A lion changes from big to small",
   "a batter swings at a pitch", "A red fox trots through the snow, its fur standing out", tagged NNS). Such a
-  word ends a candidate span and is never a head.
+  word ends a candidate span and is never a head. With a determiner that only a singular noun takes ("a", "each",
+  "this"; not "the"), or a possessor ("Luna's broom sputters and ..."), the sentence may have other finite verbs
+  ("A bald eagle soars high above a canyon ... as it rides the currents"); the noun before it may be tagged as an
+  adjective when the tables know it as a noun ("The cherry red convertible kicks up dust").
+- **Nouns that open a sentence** the tagger read as a verb, adjective or adverb, as casual prompts write them
+  without a determiner ("puppy sleeping on the couch", "kitten in a box", "surfer riding a huge wave"): the word is
+  a noun in the tables, or in none of them ("astronot walking on mars"), and a participle, a preposition or a noun
+  follows. A word prompts use as a command ("fly over the city", "show a cat") stays a verb.
 """
 from __future__ import annotations
 
@@ -25,6 +32,20 @@ _NOMINAL_DEPS = frozenset({"nsubj", "nsubjpass", "dobj", "pobj", "appos"})
 CAMERA_WORDS = frozenset({"camera", "cameras", "cam", "lens", "viewpoint", "pov", "shot"})
 # Determiners that need a singular noun: "a lion changes" cannot be a plural compound.
 _SINGULAR_DETS = frozenset({"a", "an", "the", "each", "every", "one", "this", "that"})
+_ONLY_SINGULAR_DETS = _SINGULAR_DETS - {"the"}
+_POSSESSOR_TAGS = frozenset({"POS", "PRP$"})
+_OBJECT_DETS = frozenset({"a", "an", "his", "her", "its", "their"})
+# Verbs a prompt gives as a command to the camera or the viewer: a sentence opening with one is an imperative.
+IMPERATIVE_VERBS = frozenset({
+    "fly", "move", "go", "rise", "run", "travel", "glide", "soar", "swoop", "drift", "float", "push", "pull",
+    "follow", "circle", "sweep", "descend", "climb", "spin", "rotate", "turn", "look", "show", "reveal", "start",
+    "begin", "cut", "fade", "focus", "track", "orbit", "watch", "see", "make", "create", "generate", "imagine",
+    "render", "draw", "paint", "film", "shoot", "capture", "frame", "zoom", "pan", "tilt", "dolly", "crane", "truck",
+    "pedestal", "walk", "enter", "exit", "approach", "fall", "drop", "lift", "open", "close", "head", "cruise",
+    "dance", "swim", "jump", "sit", "stand", "play", "sing", "ride", "drive", "race", "explore", "hide", "escape",
+    "wander", "roam", "dive", "surf", "skate", "ski", "hike", "sail", "row", "paddle", "fight", "chase", "hunt",
+})
+_OPENING_TAGS = frozenset({"VB", "VBP", "VBZ", "VBN", "VBD", "JJ", "RB", "NNP"})
 _VERB_POS = frozenset({"VERB", "AUX"})
 _FINITE_TAGS = frozenset({"VBZ", "VBP", "VBD", "MD"})
 
@@ -43,7 +64,44 @@ class Repairs:
 def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     """The repaired nouns and verbs of a parsed prompt."""
     verbal = _verbs_taken_for_nouns(doc, words)
-    return Repairs(_repaired_nouns(doc, words) - verbal, verbal)
+    # The subject of a repaired verb is a noun even where the tagger said adjective ("convertible kicks").
+    subjects = {v - 1 for v in verbal if doc[v - 1].tag_ == "JJ" and doc[v - 1].lower_ in words.nouns}
+    return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects) - verbal, verbal)
+
+
+def _opening_nouns(doc: "Doc", words: WordClasses) -> set[int]:
+    """A sentence's first word read as a verb, adjective or adverb although a noun opens it (see module docstring)."""
+    out: set[int] = set()
+    if not words:
+        return out
+    for tok in doc:
+        if not tok.is_sent_start or not tok.is_alpha or tok.is_stop or tok.tag_ not in _OPENING_TAGS:
+            continue
+        if tok.i + 1 >= len(doc):
+            continue
+        word, nxt = tok.lower_, doc[tok.i + 1]
+        if tok.tag_ == "NNP" and not tok.is_lower:
+            continue  # a capitalised name ("Kenji walks"): the tagger is right
+        if word in IMPERATIVE_VERBS or any(b in IMPERATIVE_VERBS for b in _bases(word)):
+            continue
+        noun = word in words.nouns or any(b in words.nouns for b in _bases(word)[1:3])
+        if not noun and (words.known(word) or len(word) < 4):
+            continue
+        if tok.tag_ in ("JJ", "RB") and (words.is_adjective(word) or word in words.adverbs):
+            continue  # "red car driving", "slowly ...": a modifier, not a mistagged noun
+        if nxt.tag_ == "VBG" or nxt.pos_ == "ADP" or (nxt.pos_ == "NOUN" and nxt.dep_ in ("compound", "dobj")):
+            out.add(tok.i)
+    return out
+
+
+def _bases(word: str) -> list[str]:
+    """The word, then its forms without a plural or third-person -s ("butterflys" -> "butterfly")."""
+    out = [word]
+    if word.endswith("ies") and len(word) > 4:
+        out.append(word[:-3] + "y")
+    if word.endswith("s") and len(word) > 3:
+        out.append(word[:-1])
+    return out
 
 
 def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
@@ -57,19 +115,28 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
         if prev.lower_ in CAMERA_WORDS and tok.pos_ in ("NOUN", "PROPN", "VERB", "ADJ", "X"):
             out.add(tok.i)  # "camera orbits", "camera zoom in", "camera pans left"
             continue
-        if tok.tag_ not in ("NNS", "VBZ") or not tok.lower_.endswith("s") or prev.tag_ not in ("NN", "NNP"):
+        singular_prev = not prev.is_stop and (prev.tag_ in ("NN", "NNP")
+                                              or (prev.tag_ == "JJ" and prev.lower_ in words.nouns))
+        if tok.tag_ not in ("NNS", "VBZ") or not tok.lower_.endswith("s") or not singular_prev:
             continue
         sent = tok.sent if doc.has_annotation("DEP") else doc[:]
-        if _has_finite_verb(sent, tok):
-            continue  # "the dog toys lie on the floor": the sentence has its verb
         j = prev.i
-        while j > sent.start and (doc[j - 1].pos_ in ("ADJ", "NOUN", "PROPN") or doc[j - 1].tag_ == "HYPH") \
-                and doc[j - 1].tag_ != "NNS":  # "a sleek high-speed train glides"
-            j -= 1
+        while j > sent.start and (doc[j - 1].pos_ in ("ADJ", "NOUN", "PROPN", "NUM")
+                                  or doc[j - 1].tag_ in ("HYPH", "VBG", "VBN")
+                                  or (doc[j - 1].tag_ == "CC" and j - 2 >= sent.start and doc[j - 2].tag_ == "HYPH")) \
+                and doc[j - 1].tag_ != "NNS":
+            j -= 1  # "a sleek high-speed train glides", "a cherry red 1959 convertible", "a white-and-orange sneaker"
         det = doc[j - 1] if j > sent.start else None
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
-        if det is not None and det.lower_ in _SINGULAR_DETS and (nxt is None or nxt.pos_ not in _HEAD_POS):
-            out.add(tok.i)
+        if nxt is not None and nxt.lower_ in _OBJECT_DETS:
+            out.add(tok.i)  # "... and fedora lights a cigarette": a plural noun never takes a determiner after it
+            continue
+        if det is None or (nxt is not None and nxt.pos_ in _HEAD_POS):
+            continue
+        only_singular = det.lower_ in _ONLY_SINGULAR_DETS or det.tag_ in _POSSESSOR_TAGS
+        if not only_singular and (det.lower_ not in _SINGULAR_DETS or _has_finite_verb(sent, tok)):
+            continue  # "the dog toys lie on the floor": the sentence has its verb
+        out.add(tok.i)
     return out
 
 

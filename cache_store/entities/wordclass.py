@@ -66,9 +66,22 @@ class WordClasses:
         return word.lower() in self.adjectives
 
     def correct(self, word: str) -> str | None:
-        """The one common noun a single edit away from an unknown word ("rivr" -> "river"), else None."""
+        """The one common noun a single edit away from an unknown word ("rivr" -> "river", "mountians" ->
+        "mountains"), or the -ing form of a verb written without its g ("sleepin"), else None."""
         w = word.lower()
         if len(w) < MIN_TYPO_CHARS or not self.nouns or self.known(w):
+            return None
+        if w.endswith("in") and any(b in self.verbs for b in _inflection_bases(w + "g")[1:]):
+            return w + "g"  # "sleepin", "crashin", "flyin": a dropped g, not a noun's typo
+        if w.endswith("s") and not w.endswith("ss"):
+            singular = self._noun_edit(w[:-1])
+            if singular is not None:
+                return singular + "s"
+        return self._noun_edit(w)
+
+    def _noun_edit(self, w: str) -> str | None:
+        """The one common noun a single edit away from `w`, else None."""
+        if len(w) < MIN_TYPO_CHARS or self.known(w):
             return None
         for candidates in _edits(w):
             hits = {c for c in candidates if c in self.nouns and len(c) >= MIN_TYPO_CHARS - 1}
