@@ -4,6 +4,8 @@ How a prompt becomes entities (all of it linear in the prompt length):
 
 1. Only the first `MAX_PROMPT_CHARS` characters are parsed (cut at a word boundary). Video models read at
    most a few hundred tokens of a prompt anyway; the cap keeps a pasted 10k-word text from costing seconds.
+   Tag lists are normalised (`tags`), template phrases masked, casual spellings written out ("thru", "nite";
+   `casual`) and misspelt nouns repaired (`wordclass`) before parsing.
 2. Candidate spans are spaCy's noun chunks plus part-of-speech runs: maximal runs of DET/ADJ/NUM/NOUN/PROPN
    tokens (and `compound` modifiers, and a hyphen glued between two run tokens) that end in a noun. The runs
    recover caption-style subjects the parser leaves out ("A red sports car drifting ..." where `car` is
