@@ -221,3 +221,8 @@ def test_casual_prompts_match_their_written_out_forms(extractor):
     assert [e.text for e in casual] == ["car", "desert road"]
     assert [e.text for e in extractor.extract("train going through the mountians")] == ["train", "mountain"]
     assert [e.text for e in extractor.extract("dragon flyin over a castel at nite")] == ["dragon", "castle", "night"]
+
+
+def test_a_verb_before_a_determiner_is_a_verb(extractor):
+    found = roles(extractor, "Detective Frank Malone in a long coat lights a cigarette under a streetlamp")
+    assert "long coat" in found and "long coat light" not in found

@@ -129,7 +129,7 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
         det = doc[j - 1] if j > sent.start else None
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
         if nxt is not None and nxt.lower_ in _OBJECT_DETS:
-            out.add(tok.i)  # "... and fedora lights a cigarette": a plural noun never takes a determiner after it
+            out.add(tok.i)  # "... in a long coat lights a cigarette": a plural noun never takes a determiner after it
             continue
         if det is None or (nxt is not None and nxt.pos_ in _HEAD_POS):
             continue
