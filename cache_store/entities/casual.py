@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 
 SPELLINGS: dict[str, str] = {
-    "thru": "through", "nite": "night", "tonite": "tonight", "smol": "small", "lil": "little", "w/": "with", "w/o": "without", "bc": "because", "cuz": "because", "luv": "love", "gud": "good",
+    "thru": "through", "nite": "night", "tonite": "tonight", "smol": "small", "lil": "little", "w/": "with",
+    "w/o": "without", "bc": "because", "cuz": "because", "luv": "love", "gud": "good",
     "kinda": "kind of", "sorta": "sort of", "gonna": "going to", "wanna": "want to", "realy": "really",
 }
 FILLERS = frozenset({"lol", "lmao", "lmfao", "rofl", "omg", "pls", "plz", "pleas", "tbh", "ngl", "btw", "rn", "af",
@@ -25,7 +26,7 @@ def casual_spelling(text: str) -> str:
         low = word.lower()
         if low in FILLERS:
             return ""
-        return SPELLINGS.get(low, word) if word.islower() or low in ("w/", "w/o") else word
+        return SPELLINGS.get(low, word) if word.islower() else word
     return _WORD.sub(fix, text)
 
 
