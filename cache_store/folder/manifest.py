@@ -127,6 +127,10 @@ class Manifest:
 
     PINNED_JOIN = "CROSS JOIN"  # SQLite keeps the join order a CROSS JOIN names (ranking relies on it)
     INSTR = "instr"  # ranking.rank: the position of a substring, 0 when absent
+    # ranking.rank's postings, set at open: pinned to the primary key (group, entity, entry), whose rows hold the
+    # role. Left to itself SQLite reads them through postings_entity and fetches each row's role again from the
+    # table, a third more time at 100k entries (bench_store_scale).
+    POSTINGS_SCAN = "postings p"
 
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
@@ -192,6 +196,8 @@ class Manifest:
                 raise ManifestDamagedError(f"cache manifest {self.path}: meta {key!r} is missing or not "
                                            "an integer") from exc
         self.conn.execute("SELECT id, file, nbytes FROM entries LIMIT 1").fetchall()
+        pk = [r[1] for r in self.conn.execute("PRAGMA index_list(postings)").fetchall() if r[3] == "pk"]
+        self.POSTINGS_SCAN = f'postings p INDEXED BY "{pk[0]}"' if pk else "postings p"
 
     def _init_schema(self) -> None:
         version = self._read_version()

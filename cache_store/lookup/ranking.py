@@ -130,7 +130,7 @@ def rank(manifest: Any, matched: Matched, fingerprint: str, shape: str, rule: Hi
         return []
     roles, role_params = rule.roles_sql("p.role")
     where, where_params = rule.scenes_sql(scenes)
-    join = manifest.PINNED_JOIN
+    join, scan = manifest.PINNED_JOIN, manifest.POSTINGS_SCAN
     tables: list[str] = []
     parts: list[str] = []
     params: list[Any] = []
@@ -143,12 +143,12 @@ def rank(manifest: Any, matched: Matched, fingerprint: str, shape: str, rule: Hi
         params += [x for m in matched.identities for x in (m.q, m.core, m.head, ranked_sim(m.sim), *m.only.row())]
         parts.append(f"SELECT p.entry_id AS entry_id, mi.q AS q, mi.sim AS sim FROM mi {join} entities e "
                      f"ON e.core = mi.core AND e.head = mi.head AND {rule.identity_sql('mi', 'e', manifest.INSTR)} "
-                     f"{join} postings p ON p.group_id = ? AND p.entity_id = e.id AND {roles}")
+                     f"{join} {scan} ON p.group_id = ? AND p.entity_id = e.id AND {roles}")
         part_params += [group[0][0], *role_params]
     if matched.entities:
         tables.append(f"me(q, eid, sim) AS (VALUES {','.join(['(?,?,?)'] * len(matched.entities))})")
         params += [x for q, eid, sim in matched.entities for x in (q, eid, ranked_sim(sim))]
-        parts.append(f"SELECT p.entry_id AS entry_id, me.q AS q, me.sim AS sim FROM me {join} postings p "
+        parts.append(f"SELECT p.entry_id AS entry_id, me.q AS q, me.sim AS sim FROM me {join} {scan} "
                      f"ON p.group_id = ? AND p.entity_id = me.eid AND {roles}")
         part_params += [group[0][0], *role_params]
     best = (f"WITH {', '.join(tables)}, best AS (SELECT entry_id, q, MAX(sim) AS sim FROM "

@@ -5,6 +5,7 @@ The SQL contract. The ranking (lookup/ranking.py) runs plain SQL on `LookupSourc
 
 - `db.query(sql, params)` returns a list of row tuples; placeholders are `?` (the backend translates them);
 - `db.PINNED_JOIN`: the join keyword that keeps the join order as written (SQLite "CROSS JOIN", else "JOIN");
+- `db.POSTINGS_SCAN`: the postings table as the ranking joins it, aliased `p` (SQLite pins its primary key);
 - `db.INSTR`: the name of the function giving a substring's position in a text, 0 when absent ("instr", "strpos");
 - `WITH ... AS (VALUES (?,?,?), ...)` common table expressions, `EXISTS` subqueries, `GROUP BY`, `LIMIT ?`;
 - tables and the columns read:
