@@ -13,7 +13,8 @@ Measured: insert latency (with and without fsync, at the start and at full size)
 real VBench prompts, or `--query-prompts` files (extraction, embedding cold, cached and as the product does it
 with the vectors the cache holds, the store's index / selection / latent-load stages, the store's own index query
 (one point per identity) and its recall against exact search over every stored text), whether read-back vectors
-give the same answers as fresh ones, the layout before identity points (one point per text) as exact numpy search
+give the same answers as fresh ones, `store.lookup` with its ranking in SQL against held postings (just
+dropped, as after an insert, and warm), the layout before identity points (one point per text) as exact numpy search
 and as hnswlib, with recall counted by similarity (tied labels are arbitrary), reopen time, file sizes and peak
 memory. Prints tables with the targets beside the figures; asserts nothing.
 
@@ -281,6 +282,35 @@ print(json.dumps({"import_s": t1 - t0, "open_s": t2 - t1, "hits": hits,
 
 
 # ------------------------------------------------------------------------------------------------ main
+def ranking_paths(store, requests: list, threshold: float) -> list[list[str]]:
+    """`store.lookup` (no latent load, no recency update) three ways per request, interleaved: the ranking in SQL,
+    from held postings just dropped (the first lookup after an insert), and from held postings kept warm."""
+    from comfyui_chai.cache_store.lookup.posting_cache import PostingCache
+    from comfyui_chai.cache_store.lookup.rule import HitRule
+
+    warm = store.postings
+    ways = {"SQL ranking (no held postings)": None, "held postings, just dropped": "cold",
+            "held postings, warm": warm}
+    total: dict[str, list[float]] = {w: [] for w in ways}
+    select: dict[str, list[float]] = {w: [] for w in ways}
+    same = 0
+    for i, ee in enumerate(requests):
+        answers = {}
+        names = list(ways)
+        random.Random(i).shuffle(names)
+        for name in names:
+            store.postings = PostingCache() if ways[name] == "cold" else ways[name]
+            t = time.perf_counter()
+            res = store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold), touch=False, load=False)
+            total[name].append(time.perf_counter() - t)
+            select[name].append(res.timings.get("select", 0.0))
+            answers[name] = (res.hit, res.entry.id if res.entry else None, res.reason)
+        same += len(set(answers.values())) == 1
+    store.postings = warm
+    return [[name, f"{ms_pct(total[name], 50):.2f} / {ms_pct(total[name], 99):.2f}",
+             f"{ms_pct(select[name], 50):.2f}", f"{same} of {len(requests)}"] for name in ways]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--entries", type=int, default=None, help="entries to store (default 100000; quick 5000)")
@@ -481,6 +511,7 @@ def main(argv: list[str] | None = None) -> None:
                                                      "embed_stored", "whole_stored")}
     stored_found = stored_all = stored_none = same_answer = answer_flips = donor_changes = 0
     q_rows: list[np.ndarray] = []
+    q_requests: list = []
     select_by_postings: list[tuple[int, float]] = []
     hits = empty = 0
     log(f"looking up {len(qprompts)} VBench prompts (threshold {threshold:.2f}, k={k})")
@@ -560,9 +591,11 @@ def main(argv: list[str] | None = None) -> None:
         matched = {int(lab) for lab, sim in zip(labs.ravel(), sims.ravel()) if lab >= 0 and sim >= threshold}
         select_by_postings.append((sum(posting_counts.get(m, 0) for m in matched), st["s_select"][-1]))
         q_rows.append(vecs)
+        q_requests.append(ee)
         if (qi + 1) % max(len(qprompts) // 5, 1) == 0:
             log(f"  {qi + 1}/{len(qprompts)} lookups")
     peaks.append(("after the lookups", peak_rss()))
+    paths = ranking_paths(store, q_requests, threshold)
 
     # --- recall of hnsw against exact, per search width: query entity vectors of the prompts + stored vectors
     rng = np.random.default_rng(args.seed)
@@ -683,6 +716,8 @@ def main(argv: list[str] | None = None) -> None:
         if ts:
             brows.append([f"{lo}..{hi if hi < 10**12 else ''}", len(ts), f"{ms_pct(ts, 50):.2f}",
                           f"{ms_pct(ts, 99):.2f}"])
+    print("\nranking paths: store.lookup without latent load or recency update, interleaved per request, ms")
+    print(table(["ranking", "p50 / p99", "selection p50", "same answer on all three"], paths))
     print("\nselection time by postings behind the matched entities (k nearest at >= threshold)")
     print(table(["postings", "lookups", "p50 ms", "p99 ms"], brows))
     h50, h99, e50, e99 = (ms_pct(st["q_hnsw"], 50), ms_pct(st["q_hnsw"], 99),

@@ -127,6 +127,7 @@ class Manifest:
 
     PINNED_JOIN = "CROSS JOIN"  # SQLite keeps the join order a CROSS JOIN names (ranking relies on it)
     INSTR = "instr"  # ranking.rank: the position of a substring, 0 when absent
+    ID_LIST = "group_concat({})"  # ranking: a group's values as one comma-joined text
     # ranking.rank's postings, set at open: pinned to the primary key (group, entity, entry), whose rows hold the
     # role. Left to itself SQLite reads them through postings_entity and fetches each row's role again from the
     # table, a third more time at 100k entries (bench_store_scale).

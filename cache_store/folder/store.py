@@ -22,6 +22,7 @@ from ..config import DEFAULT_BUDGET_BYTES, DEFAULT_POLICY, StoreConfig
 from ..errors import CacheEntryError, CacheError
 from ..index.keeper import IndexKeeper
 from ..lookup import flow as lookup_flow
+from ..lookup.posting_cache import PostingCache
 from ..lookup.rule import HitRule
 from ..naming import is_entry_file_name
 from ..prepare import check_fits, prepare_entry
@@ -66,6 +67,7 @@ class CacheStore(StoreBase):
                 recount_bytes(cur)
                 self._apply_settings(cur)
             self.keeper = IndexKeeper(ManifestLog(self.manifest), self.index_dir, options)
+            self.postings: PostingCache | None = PostingCache()
             self.keeper.load()
             self._save_index_if_due(opening=True)
         for line in self.warnings:

@@ -6,6 +6,7 @@ decides a hit or names a miss is here, once.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from typing import Sequence
@@ -15,7 +16,7 @@ from ..errors import CacheEntryError
 from ..types import EmbeddedEntities, EntryInfo, LookupResult, shape_key
 from . import ranking
 from .source import LookupSource
-from .rule import HitRule
+from .rule import HitRule, SceneKeys
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +55,9 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     grouped = ranking.by_identity(db, matched)
     carried = ranking.borrowable(db, entities, grouped, rule)
     scenes = ranking.agreeing_scenes(entities, grouped) if rule.scenes_must_agree else None
-    candidates = ranking.rank(db, carried, fingerprint, shape_key(shape), rule, scenes) if carried else []
+    candidates = _rank(src, carried, fingerprint, shape, rule, scenes) if carried else []
     if not candidates and carried and scenes is not None:
-        refused = ranking.rank(db, carried, fingerprint, shape_key(shape), rule)  # all of another scene
+        refused = _rank(src, carried, fingerprint, shape, rule)  # all of another scene
         if refused:
             timings["select"] = time.perf_counter() - t1
             here = next(e.text for e in entities.entities if e.role == SCENE)
@@ -64,17 +65,19 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
                                        f"here, '{ranking.entry_scene(db, refused[0])}' there); a donor from another "
                                        "scene leaks its look into the video, so this is a miss", timings=timings)
     candidates = ranking.same_prompt_first(db, entities.prompt, candidates)
-    candidates, refused_why = ranking.decide(db, entities, candidates, rule)
+    refusal: list[str] = []
+    accepted = ranking.decide(db, entities, candidates, rule, refusal)
+    first = next(accepted, None)
     timings["select"] = time.perf_counter() - t1
-    if not candidates and refused_why:
-        return LookupResult(False, refused_why, timings=timings)
-    if not candidates:
-        if not ranking.rank(db, grouped, fingerprint, shape_key(shape), rule.any_role()):
+    if first is None and refusal:
+        return LookupResult(False, refusal[0], timings=timings)
+    if first is None:
+        if not _rank(src, grouped, fingerprint, shape, rule.any_role()):
             return LookupResult(False, ranking.incompatible_reason(db, matched, fingerprint, shape), timings=timings)
         return LookupResult(False, ranking.secondary_reason(db, entities, matched, rule), timings=timings)
     t2 = time.perf_counter()
     damaged: list[tuple[EntryInfo | int, str]] = []
-    for entry_id in candidates:
+    for entry_id in itertools.chain([first], accepted):  # the next accepted donor only when one is damaged
         entry = src.entry(entry_id)
         if entry is None:
             damaged.append((entry_id, "its manifest row is malformed"))
@@ -97,3 +100,17 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     timings["load"] = time.perf_counter() - t2
     return LookupResult(False, "the matching entries were unreadable (damaged files); they were set aside",
                         timings=timings)
+
+
+def _rank(src: LookupSource, matched: ranking.Matched, fingerprint: str, shape: Sequence[int], rule: HitRule,
+          scenes: SceneKeys | None = None) -> list[int]:
+    """`ranking.rank`, from the source's held postings when it keeps them and every match names an identity."""
+    held = src.postings
+    if held is None or matched.entities or not matched:
+        return ranking.rank(src.db, matched, fingerprint, shape_key(shape), rule, scenes)
+    group = src.db.query("SELECT id FROM groups WHERE fingerprint=? AND shape=?", (fingerprint, shape_key(shape)))
+    if not group:
+        return []
+    keeper = src.keeper
+    return held.rank(src.db, (id(keeper), keeper.gen, keeper.epoch, keeper.seq, keeper.mark), int(group[0][0]), matched, rule,
+                     scenes, ranking.CANDIDATES)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -13,7 +13,6 @@ from .rule import HitRule, IdentityFilter, SceneKeys, matched_role
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
-DECIDED_SPARES = 2       # proposed entries the decision accepts before it stops asking
 SCENE_WINDOW = 64        # best entries the scene clause is tried on before it runs on all of them
 SIM_STEP = 2.0 ** -16    # similarities are ranked in steps of this (exact binary fractions: sums never round)
 
@@ -196,26 +195,27 @@ def donor_side(manifest: Any, entry_id: int, dim: int) -> Any:
     return side_of(ents, [r[5] for r in rows], np.stack(vectors) if vectors else np.zeros((0, dim), np.float32))
 
 
-def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rule: HitRule) -> tuple[list[int], str]:
-    """The proposed donors the rule's learned decision accepts, in order, and why the best refused one was
-    refused ('' when none was); all of them when the rule has no decision or it was fitted on another embedder."""
+def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rule: HitRule,
+           refusal: list[str]) -> Iterator[int]:
+    """The proposed donors the rule's learned decision accepts, in order, decided one at a time as the caller asks
+    (a hit loads the first; the others only stand in for a damaged one); when none is accepted, `refusal` ends up
+    holding why the best refused one was refused. All of them when the rule has no decision or it was fitted on
+    another embedder."""
     model = rule.decision
     if model is None or not candidates or not model.applies_to(entities.embedder):
-        return candidates, ""
+        yield from candidates
+        return
     request = side_of(entities.entities, [e.role for e in entities.entities], entities.vectors)
-    kept: list[int] = []
-    best = (-1.0, "")
+    best = -1.0
     for entry_id in candidates:
-        if len(kept) >= DECIDED_SPARES:
-            break  # a hit loads the first; the others only stand in for a damaged one
         values = features(request, donor_side(manifest, entry_id, entities.vectors.shape[1]), rule)
         p = model.probability(values)
         if p >= model.threshold:
-            kept.append(entry_id)
-        elif p > best[0]:
-            best = (p, f"the entries that share entities were refused by the hit decision (best p {p:.2f} < "
-                       f"{model.threshold:.2f}: {explain(values)})")
-    return kept, best[1]
+            yield entry_id
+        elif p > best:
+            best = p
+            refusal[:] = [f"the entries that share entities were refused by the hit decision (best p {p:.2f} < "
+                          f"{model.threshold:.2f}: {explain(values)})"]
 
 
 def explain(values: dict[str, float]) -> str:

@@ -6,6 +6,7 @@ The SQL contract. The ranking (lookup/ranking.py) runs plain SQL on `LookupSourc
 - `db.query(sql, params)` returns a list of row tuples; placeholders are `?` (the backend translates them);
 - `db.PINNED_JOIN`: the join keyword that keeps the join order as written (SQLite "CROSS JOIN", else "JOIN");
 - `db.POSTINGS_SCAN`: the postings table as the ranking joins it, aliased `p` (SQLite pins its primary key);
+- `db.ID_LIST`: an aggregate format (`{}` the column) giving a group's integers as one comma-joined text;
 - `db.INSTR`: the name of the function giving a substring's position in a text, 0 when absent ("instr", "strpos");
 - `WITH ... AS (VALUES (?,?,?), ...)` common table expressions, `EXISTS` subqueries, `GROUP BY`, `LIMIT ?`;
 - tables and the columns read:
@@ -24,12 +25,14 @@ from typing import Any, Protocol
 
 from ..index.keeper import IndexKeeper
 from ..types import EntryInfo
+from .posting_cache import PostingCache
 
 
 class LookupSource(Protocol):
     """What a backend offers the shared lookup (lookup/flow.py)."""
 
     keeper: IndexKeeper
+    postings: PostingCache | None  # the ranking's postings held between lookups; None: SQL ranks every time
 
     @property
     def db(self) -> Any:

@@ -55,6 +55,7 @@ class PgDb:
 
     PINNED_JOIN = "JOIN"  # ranking.rank: PostgreSQL plans the join order itself
     INSTR = "strpos"  # ranking.rank: the position of a substring, 0 when absent
+    ID_LIST = "string_agg(({})::text, ',')"  # ranking: a group's values as one comma-joined text
     POSTINGS_SCAN = "postings p"  # ranking.rank: its planner picks the index
 
     def __init__(self, server: ServerURL, schema: str, timeout_s: float | None = None) -> None:

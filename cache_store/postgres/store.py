@@ -23,6 +23,7 @@ from ..config import StoreConfig
 from ..errors import CacheEntryError, CacheError, CacheUnavailableError
 from ..index.keeper import IndexKeeper
 from ..lookup import flow as lookup_flow
+from ..lookup.posting_cache import PostingCache
 from ..lookup.rule import HitRule
 from ..naming import validate_cache_name
 from ..prepare import check_fits, prepare_entry
@@ -87,6 +88,7 @@ class PgCacheStore(StoreBase):
         with self._index_lock:
             keeper.load()
         self.keeper = keeper
+        self.postings: PostingCache | None = PostingCache()
         self._save_index_if_due(opening=True)
 
     # ------------------------------------------------------------------ settings that belong to the cache
