@@ -680,7 +680,7 @@ def main(argv: list[str] | None = None) -> None:
         row("embedding, cached", "embed_cached", "MiniLM phrase cache"),
         row("embedding, stored vectors", "embed_stored", "the product's: vectors the cache holds, MiniLM for the rest"),
         row("store: index stage", "s_index", "meta + index sync + query"),
-        row("store: selection", "s_select", "SQL aggregation over postings"),
+        row("store: selection", "s_select", "ranking over postings (held between lookups), scene clause, decision"),
         row("store: latent load", "s_load", "read + checksum + touch (hits)"),
         row("store.lookup total", "store_lookup", "vectors given"),
         row("  of which misses", "lookup_miss", ""),
