@@ -4,9 +4,11 @@
 100,000 entries a popular identity ("umbrella") has 1,700 postings, and the two GROUP BYs over them were most of
 `store.lookup` (bench_store_scale). The postings only change when an entry is added or removed, and every such
 change bumps the cache's generation, which the entity index reads before each lookup anyway (`IndexKeeper.sync`,
-on both backends, from any process). So this keeps each identity's postings as arrays, fetched once, forgets all
-of them when the generation (or the index epoch, or the log position) moves, and ranks with numpy: the same
-order and the same scene clause as `ranking.rank` (tests/test_posting_cache.py checks both on random caches).
+on both backends, from any process). So this keeps each identity's postings as arrays, fetched once; when the
+generation moves by exactly the number of entries newer than the newest it knows, those were all the changes and
+their postings are added, and otherwise (an eviction, a repair, another index epoch) it forgets them all. It
+ranks with numpy: the same order and the same scene clause as `ranking.rank` (tests/test_posting_cache.py checks
+both on random caches).
 Matches of format-v1 entities (no identity) still go to `ranking.rank`.
 """
 from __future__ import annotations
@@ -53,21 +55,23 @@ class PostingCache:
     def __init__(self, max_postings: int = MAX_POSTINGS) -> None:
         self.max_postings = max_postings
         self._lock = threading.Lock()
-        self._key: Hashable = None
+        self._base: Hashable = None
+        self._generation = -1
+        self._newest = 0  # the newest entry id the held postings are known to include
         self._held: OrderedDict[tuple[int, str, str], IdentityPostings] = OrderedDict()
         self._size = 0
         self.fetches = 0  # identities read from the database (tests and the bench read it)
+        self.appended = 0  # new entries whose postings were added to held identities instead of dropping them
 
-    def rank(self, db: Any, key: Hashable, group_id: int, matched: Any, rule: HitRule,
+    def rank(self, db: Any, base: Hashable, generation: int, group_id: int, matched: Any, rule: HitRule,
              scenes: SceneKeys | None, limit: int) -> list[int]:
-        """`ranking.rank` over identity matches (`matched.identities`) from the held postings."""
+        """`ranking.rank` over identity matches (`matched.identities`) from the held postings, brought to the
+        cache's `generation` first (`base` names the change log they follow: another one drops them)."""
         parts_entry, parts_q, parts_sim = [], [], []
         allowed = np.zeros(len(ROLES) + 1, bool)  # the last slot is code -1
         allowed[[ROLE_CODE[r] for r in rule.roles]] = True
         with self._lock:
-            if key != self._key:
-                self._held.clear()
-                self._size, self._key = 0, key
+            self._follow(db, base, generation)
             for m in matched.identities:
                 held = self._postings(db, group_id, m.core, m.head)
                 keep = allowed[held.role] & held.admitted(m.only)[held.entity]
@@ -81,6 +85,48 @@ class PostingCache:
         if scenes is None or not rule.scenes_must_agree:
             return [int(e) for e in order[:limit]]
         return _scene_passing(db, order, scenes, limit)
+
+    def _follow(self, db: Any, base: Hashable, generation: int) -> None:
+        """Bring the held postings to `generation` (the lock held). Every insert bumps the generation by one and
+        every eviction, repair or clear by at least one, so when as many entries newer than the newest known one
+        exist as the generation moved, nothing else changed: their postings are added. Otherwise all are dropped."""
+        if base == self._base and generation == self._generation:
+            return
+        if base == self._base and generation > self._generation and self._held:
+            new = [int(r[0]) for r in db.query("SELECT id FROM entries WHERE id > ?", (self._newest,))]
+            if len(new) == generation - self._generation:
+                self._append(db.query(
+                    "SELECT p.group_id, e.core, e.head, e.text, e.kind, p.role, p.entry_id FROM postings p JOIN "
+                    "entities e ON e.id = p.entity_id WHERE p.entry_id > ?", (self._newest,)))
+                self._generation, self._newest = generation, max(new)
+                self.appended += len(new)
+                return
+        self._held.clear()
+        self._size, self._base, self._generation = 0, base, generation
+        newest = db.query("SELECT MAX(id) FROM entries")
+        self._newest = int(newest[0][0] or 0) if newest else 0
+
+    def _append(self, rows: list[tuple]) -> None:
+        """Add new entries' postings to the identities held (the others are fetched whole when asked for)."""
+        by_name: dict[tuple[int, str, str], list[tuple]] = {}
+        for group_id, core, head, text, kind, role, entry_id in rows:
+            if (int(group_id), str(core), str(head)) in self._held:
+                by_name.setdefault((int(group_id), str(core), str(head)), []).append((text, kind, role, entry_id))
+        for name, new in by_name.items():
+            held = self._held[name]
+            texts, objects = list(held.texts), list(held.objects)
+            slot = {t: i for i, t in enumerate(texts)}
+            for text, kind, _, _ in new:
+                if text not in slot:
+                    slot[text] = len(texts)
+                    texts.append(text)
+                    objects.append(kind == "object")
+            self._held[name] = IdentityPostings(
+                tuple(texts), np.array(objects, bool),
+                np.concatenate([held.entity, np.array([slot[t] for t, _, _, _ in new], np.int64)]),
+                np.concatenate([held.entry, np.array([int(e) for _, _, _, e in new], np.int64)]),
+                np.concatenate([held.role, np.array([ROLE_CODE.get(str(r), -1) for _, _, r, _ in new], np.int64)]))
+            self._size += len(new)
 
     def _postings(self, db: Any, group_id: int, core: str, head: str) -> IdentityPostings:
         """One identity's postings, held or fetched (the lock held)."""
