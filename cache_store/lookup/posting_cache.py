@@ -24,10 +24,11 @@ from ..entities.roles import ROLES, SCENE
 from .ranking import ranked_sim
 from .rule import HitRule, IdentityFilter, SceneKeys
 
-MAX_POSTINGS = 2_000_000  # held at most (about 30 MB); the least recently used identities go first
+MAX_POSTINGS = 2_000_000  # held at most (about 50 MB); the least recently used identities go first
 SCAN_WINDOW = 64          # ranked entries whose scenes are read per query while the scene clause runs
 ROLE_CODE = {role: i for i, role in enumerate(ROLES)}
-assert len(ROLES) <= 3  # a posting is fetched as entry id * 4 + role code, 3 for a role this pack does not know
+if len(ROLES) > 3:  # a posting is fetched as entry id * 4 + role code, 3 for a role this pack does not know
+    raise RuntimeError("posting_cache codes roles in two bits; widen the code for more roles")
 _ROLE_SQL = "CASE p.role " + " ".join(f"WHEN '{r}' THEN {i}" for i, r in enumerate(ROLES)) + " ELSE 3 END"
 
 
@@ -50,7 +51,7 @@ class IdentityPostings:
 
 
 class PostingCache:
-    """Per-identity postings of one cache, valid for one state of its change log (`key`)."""
+    """Per-identity postings of one cache, brought to its generation before each ranking (`rank`)."""
 
     def __init__(self, max_postings: int = MAX_POSTINGS) -> None:
         self.max_postings = max_postings
