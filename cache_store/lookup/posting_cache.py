@@ -137,7 +137,7 @@ class PostingCache:
             self._held.move_to_end(name)
             return held
         # One row per stored text, its postings as one comma-joined list of entry id * 4 + role code: a lookup right
-        # after an insert fetches every identity it matches, and a row per posting cost Python more than the SQL
+        # after an eviction fetches every identity it matches, and a row per posting cost Python more than the SQL
         # aggregation did. The rows come in the identity index's order, so the GROUP BY needs no sort.
         rows = db.query(f"SELECT e.text, e.kind, {db.ID_LIST.format(f'p.entry_id * 4 + {_ROLE_SQL}')} FROM entities e "
                         f"{db.PINNED_JOIN} {db.POSTINGS_SCAN} ON p.group_id = ? AND p.entity_id = e.id "
