@@ -1,14 +1,15 @@
-"""Held postings rank as the SQL does, and never outlive a change to the cache (both backends)."""
+"""Held postings rank as the SQL does through inserts, evictions and late commits (both backends)."""
 from __future__ import annotations
 
 import random
+import threading
 
 import numpy as np
 import pytest
 
 from comfyui_chai.cache_store.entities.extract import Entity
 from comfyui_chai.cache_store.entities.roles import MAIN, ROLES, SCENE, SECONDARY
-from comfyui_chai.cache_store.lookup import flow, ranking
+from comfyui_chai.cache_store.lookup import flow, posting_cache, ranking
 from comfyui_chai.cache_store.lookup.posting_cache import PostingCache, _ordered
 from comfyui_chai.cache_store.lookup.rule import HitRule
 from comfyui_chai.cache_store.types import EmbeddedEntities
@@ -77,10 +78,102 @@ def test_held_postings_rank_as_the_sql_does_through_inserts_and_evictions(opener
                     assert with_held == answer(s, request, None)
                     compared += 1
                     hits += with_held[0]
-            s.prune(s.stats().bytes * 3 // 4)  # the oldest quarter goes: the held postings are dropped
+            s.prune(s.stats().bytes * 3 // 4)  # the oldest quarter goes; then the lowered budget makes inserts evict
         assert compared == 160 and 20 < hits < 150  # both kinds of answer were compared
-        # both ways of following the cache ran (after the first prune the lowered budget makes inserts evict)
-        assert held.fetches > 0 and held.appended >= 15
+        # held postings followed every change (no identity fetched twice: the vocabulary has 17 texts) and left out
+        # removed entries (fewer than 105 added: some inserts were evicted by later ones before a lookup saw them)
+        assert held.appended > 90 and held.fetches <= 17 and held.removed > 0
+
+
+def test_an_evicted_best_donor_is_left_out_without_a_refetch(opener):
+    lion_beach = EmbeddedEntities((Entity("lion", "object", "lion", MAIN), Entity("beach", "scene", "beach", SCENE)),
+                                  np.stack([vector("lion"), vector("beach")]), EMBEDDER)
+    lion = EmbeddedEntities((Entity("lion", "object", "lion", MAIN),), vector("lion")[None], EMBEDDER)
+    with opener() as s, opener() as other:
+        held = s.postings
+        best = s.insert("a lion on a beach", lion_beach, FP, latents(1), SIGMAS).entry_id
+        rest = [s.insert(f"a lion {i}", lion, FP, latents(2 + i), SIGMAS).entry_id for i in range(3)]
+        assert answer(s, lion_beach, held)[1] == best
+        fetched = held.fetches
+        for entry_id in rest:
+            other.touch(entry_id)
+        assert other.prune(s.stats().bytes * 3 // 4) == [best]  # the least recently used: the best donor
+        for scenes_too in (False, True):
+            assert ranked(s, lion_beach, held, scenes_too) == ranked(s, lion_beach, None, scenes_too)
+        assert answer(s, lion_beach, held)[1] == rest[-1] == answer(s, lion_beach, None)[1]
+        assert held.fetches == fetched and held.removed == 1  # kept; the removed one checked once
+        newer = other.insert("a lion on a beach again", lion_beach, FP, latents(9), SIGMAS).entry_id
+        assert answer(s, lion_beach, held)[1] == newer and held.fetches == fetched
+
+
+def test_an_insert_committed_after_the_generation_was_read_hides_no_eviction(opener, monkeypatch):
+    lion_beach = EmbeddedEntities((Entity("lion", "object", "lion", MAIN), Entity("beach", "scene", "beach", SCENE)),
+                                  np.stack([vector("lion"), vector("beach")]), EMBEDDER)
+    lion = EmbeddedEntities((Entity("lion", "object", "lion", MAIN),), vector("lion")[None], EMBEDDER)
+    dog = EmbeddedEntities((Entity("dog", "object", "dog", MAIN),), vector("dog")[None], EMBEDDER)
+    with opener() as s, opener() as other:
+        held = s.postings
+        best = s.insert("a lion on a beach", lion_beach, FP, latents(1), SIGMAS).entry_id
+        second = s.insert("a lion", lion, FP, latents(2), SIGMAS).entry_id
+        other.touch(second)
+        assert answer(s, lion_beach, held)[1] == best
+        assert other.prune(s.stats().bytes * 2 // 3) == [best]
+        other.set_budget(10 ** 9)  # the insert below evicts nothing
+        s.keeper.sync()  # this lookup read the generation after the eviction ...
+        monkeypatch.setattr(s.keeper, "sync", lambda: None)
+        other.insert("a dog", dog, FP, latents(3), SIGMAS)  # ... and an insert committed before it read new ids
+        # one new id for a generation that moved by one: counting alone would take the eviction for that insert
+        # and rank the evicted entry (which the lookup then sets aside as a damaged row)
+        assert ranked(s, lion_beach, held, False) == ranked(s, lion_beach, None, False) == [second]
+        assert answer(s, lion_beach, held)[1] == second
+
+
+def test_held_postings_are_refetched_after_many_additions(opener, monkeypatch):
+    monkeypatch.setattr(posting_cache, "REFRESH_AFTER", 3)
+    lion = EmbeddedEntities((Entity("lion", "object", "lion", MAIN),), vector("lion")[None], EMBEDDER)
+    with opener() as s:
+        held = s.postings
+        for i in range(5):
+            newest = s.insert(f"a lion {i}", lion, FP, latents(i), SIGMAS).entry_id
+            assert answer(s, lion, held)[1] == newest
+        assert held.fetches == 2 and held.appended == 3  # fetched, 3 added, then fetched afresh
+
+
+def test_a_lower_id_committed_after_a_higher_one_is_not_missed(opener, monkeypatch):
+    if opener.kind != "server":
+        pytest.skip("SQLite draws entry ids inside its one write transaction: they commit in order")
+    from comfyui_chai.cache_store.postgres import store as pg_store
+
+    lion_beach = EmbeddedEntities((Entity("lion", "object", "lion", MAIN), Entity("beach", "scene", "beach", SCENE)),
+                                  np.stack([vector("lion"), vector("beach")]), EMBEDDER)
+    lion = EmbeddedEntities((Entity("lion", "object", "lion", MAIN),), vector("lion")[None], EMBEDDER)
+    lock, waiting, go = pg_store.State.lock, threading.Event(), threading.Event()
+
+    def held_back(cur):  # the slow writer has drawn its id and written its bytes; it takes the state lock later
+        if threading.current_thread().name == "slow writer":
+            waiting.set()
+            assert go.wait(30)
+        return lock(cur)
+
+    monkeypatch.setattr(pg_store.State, "lock", staticmethod(held_back))
+    with opener() as s, opener() as slow, opener() as fast:
+        held = s.postings
+        s.insert("a lion", lion, FP, latents(0), SIGMAS)
+        assert answer(s, lion_beach, held)[0]
+        fetched = held.fetches
+        ids: list[int] = []
+        writer = threading.Thread(name="slow writer", target=lambda: ids.append(
+            slow.insert("a lion on a beach", lion_beach, FP, latents(1), SIGMAS).entry_id))
+        writer.start()
+        assert waiting.wait(30)
+        later = fast.insert("a lion later", lion, FP, latents(2), SIGMAS).entry_id
+        assert answer(s, lion_beach, held)[1] == later  # the slow writer's id is lower and not committed yet
+        go.set()
+        writer.join(30)
+        assert ids and ids[0] < later
+        assert answer(s, lion_beach, held)[1] == ids[0] == answer(s, lion_beach, None)[1]
+        # both added when they came; the one fetch is 'beach', which first matched once the slow writer stored it
+        assert held.fetches == fetched + 1 and held.appended == 2
 
 
 def test_a_write_by_another_handle_reaches_held_postings(opener):

@@ -132,6 +132,7 @@ class Manifest:
     # role. Left to itself SQLite reads them through postings_entity and fetches each row's role again from the
     # table, a third more time at 100k entries (bench_store_scale).
     POSTINGS_SCAN = "postings p"
+    LATE_IDS = False  # entry ids (AUTOINCREMENT, never reused) are drawn inside the one write transaction: in order
 
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path

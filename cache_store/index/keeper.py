@@ -89,10 +89,12 @@ class IndexKeeper:
         self.mark: str | None = None  # mark of the log row at self.seq: the history this index was built from
         self.unsaved = 0
         self.last_save = time.monotonic()
+        self.resets = 0  # loads and rebuilds: state derived from the cache (held postings) is dropped when it moves
 
     def load(self) -> None:
         """Load the persisted index if it checks out against the log, else rebuild it from the log's cache."""
         with self.lock:
+            self.resets += 1
             head = self.log.head()
             self.index, self.seq, self.epoch, self.gen, self.mark = None, 0, head.epoch, -1, None
             self.points = PointMap()
@@ -145,6 +147,7 @@ class IndexKeeper:
     def rebuild(self) -> None:
         """A fresh index of every usable entity vector in the cache."""
         with self.lock:
+            self.resets += 1
             head = self.log.head()
             if head.dim is None:
                 self.index = None

@@ -112,5 +112,5 @@ def _rank(src: LookupSource, matched: ranking.Matched, fingerprint: str, shape: 
     if not group:
         return []
     keeper = src.keeper
-    return held.rank(src.db, (id(keeper), keeper.epoch), keeper.gen, int(group[0][0]), matched, rule, scenes,
-                     ranking.CANDIDATES)
+    return held.rank(src.db, (id(keeper), keeper.epoch, keeper.resets), keeper.gen, int(group[0][0]), matched, rule,
+                     scenes, ranking.CANDIDATES)

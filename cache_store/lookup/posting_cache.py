@@ -1,14 +1,15 @@
-"""The ranking's postings held in memory between lookups, per identity, until the cache's content changes.
+"""The ranking's postings held in memory between lookups, per identity, following the cache's inserts and removals.
 
 `ranking.rank` asks SQLite (or PostgreSQL) to aggregate the postings of every matched identity on each lookup: at
 100,000 entries a popular identity ("umbrella") has 1,700 postings, and the two GROUP BYs over them were most of
-`store.lookup` (bench_store_scale). The postings only change when an entry is added or removed, and every such
-change bumps the cache's generation, which the entity index reads before each lookup anyway (`IndexKeeper.sync`,
-on both backends, from any process). So this keeps each identity's postings as arrays, fetched once; when the
-generation moves by exactly the number of entries newer than the newest it knows, those were all the changes and
-their postings are added, and otherwise (an eviction, a repair, another index epoch) it forgets them all. It
-ranks with numpy: the same order and the same scene clause as `ranking.rank` (tests/test_posting_cache.py checks
-both on random caches).
+`store.lookup` (bench_store_scale). An entry's postings are written with it and never change while it exists, and
+every insert or removal bumps the cache's generation, which the entity index reads before each lookup anyway
+(`IndexKeeper.sync`, on both backends, from any process). So this keeps each identity's postings as arrays, fetched
+once. When the generation moves, the entries committed since are read by id (ids are never reused; where a lower id
+can commit after a higher one, PostgreSQL, the skipped ids are watched until they appear) and their postings added;
+entries removed since (evictions) are not looked for: the few ranked candidates are checked against `entries`
+before they are returned. Another index epoch or a rebuilt index drops everything. It ranks with numpy: the same
+order and the same scene clause as `ranking.rank` (tests/test_posting_cache.py checks both on random caches).
 Matches of format-v1 entities (no identity) still go to `ranking.rank`.
 """
 from __future__ import annotations
@@ -25,7 +26,10 @@ from .ranking import ranked_sim
 from .rule import HitRule, IdentityFilter, SceneKeys
 
 MAX_POSTINGS = 2_000_000  # held at most (about 50 MB); the least recently used identities go first
-SCAN_WINDOW = 64          # ranked entries whose scenes are read per query while the scene clause runs
+SCAN_WINDOW = 64          # ranked entries checked (alive, scene) per query
+MAX_NEW = 2_000           # entries committed since the last lookup that are added; more and everything is refetched
+MAX_PENDING = 256         # skipped ids watched for a late commit (PostgreSQL); more and everything is refetched
+REFRESH_AFTER = 5_000     # entries added since the last fetch: then the removed entries' postings are shed by a refetch
 ROLE_CODE = {role: i for i, role in enumerate(ROLES)}
 if len(ROLES) > 3:  # a posting is fetched as entry id * 4 + role code, 3 for a role this pack does not know
     raise RuntimeError("posting_cache codes roles in two bits; widen the code for more roles")
@@ -58,11 +62,17 @@ class PostingCache:
         self._lock = threading.Lock()
         self._base: Hashable = None
         self._generation = -1
-        self._newest = 0  # the newest entry id the held postings are known to include
+        self._newest = 0  # the newest entry id whose postings are held (or were when it was fetched)
+        self._pending: set[int] = set()  # ids below _newest not yet committed when it moved past them
         self._held: OrderedDict[tuple[int, str, str], IdentityPostings] = OrderedDict()
         self._size = 0
+        self._added = 0  # entries added since the last drop
+        self._followed = False  # the held postings outlived a change: entries may have been removed since
+        self._alive: dict[int, bool] = {}  # entries checked against `entries` at this generation
+        self._gone: set[int] = set()  # entries found removed (ids never come back) since the last drop
         self.fetches = 0  # identities read from the database (tests and the bench read it)
         self.appended = 0  # new entries whose postings were added to held identities instead of dropping them
+        self.removed = 0  # ranked candidates found removed and left out
 
     def rank(self, db: Any, base: Hashable, generation: int, group_id: int, matched: Any, rule: HitRule,
              scenes: SceneKeys | None, limit: int) -> list[int]:
@@ -80,54 +90,112 @@ class PostingCache:
                     parts_entry.append(held.entry[keep])
                     parts_q.append(np.full(int(keep.sum()), m.q, np.int64))
                     parts_sim.append(np.full(int(keep.sum()), ranked_sim(m.sim), np.float64))
-        if not parts_entry:
-            return []
-        order = _ordered(np.concatenate(parts_entry), np.concatenate(parts_q), np.concatenate(parts_sim))
-        if scenes is None or not rule.scenes_must_agree:
+            if not parts_entry:
+                return []
+            order = _ordered(np.concatenate(parts_entry), np.concatenate(parts_q), np.concatenate(parts_sim))
+            if self._gone:
+                order = order[~np.isin(order, np.fromiter(self._gone, np.int64, len(self._gone)))]
+            check = self._followed
+        if not check and (scenes is None or not rule.scenes_must_agree):
             return [int(e) for e in order[:limit]]
-        return _scene_passing(db, order, scenes, limit)
+        return self._passing(db, generation, order, scenes if rule.scenes_must_agree else None, limit, check)
 
     def _follow(self, db: Any, base: Hashable, generation: int) -> None:
-        """Bring the held postings to `generation` (the lock held). Every insert bumps the generation by one and
-        every eviction, repair or clear by at least one, so when as many entries newer than the newest known one
-        exist as the generation moved, nothing else changed: their postings are added. Otherwise all are dropped."""
+        """Bring the held postings to `generation` (the lock held): add the entries committed since, or drop all
+        when the change log is another one, the generation went back, or more changed than is worth following."""
         if base == self._base and generation == self._generation:
             return
-        if base == self._base and generation > self._generation and self._held:
-            new = [int(r[0]) for r in db.query("SELECT id FROM entries WHERE id > ?", (self._newest,))]
-            if len(new) == generation - self._generation:
-                self._append(db.query(
-                    "SELECT p.group_id, e.core, e.head, e.text, e.kind, p.role, p.entry_id FROM postings p JOIN "
-                    "entities e ON e.id = p.entity_id WHERE p.entry_id > ?", (self._newest,)))
-                self._generation, self._newest = generation, max(new)
+        if base == self._base and generation > self._generation and self._held and self._added < REFRESH_AFTER:
+            new = self._committed_since(db)
+            if new is not None:
+                self._append(db, new)
+                self._generation, self._followed, self._alive = generation, True, {}
+                self._added += len(new)
                 self.appended += len(new)
                 return
         self._held.clear()
-        self._size, self._base, self._generation = 0, base, generation
+        self._pending, self._gone, self._alive = set(), set(), {}
+        self._size, self._added, self._followed = 0, 0, False
+        self._base, self._generation = base, generation
         newest = db.query("SELECT MAX(id) FROM entries")
         self._newest = int(newest[0][0] or 0) if newest else 0
 
-    def _append(self, rows: list[tuple]) -> None:
+    def _committed_since(self, db: Any) -> list[int] | None:
+        """Ids of the entries committed since the held postings last followed (None: too many to follow)."""
+        watched = sorted(self._pending)
+        sql = "SELECT id FROM entries WHERE id > ?" + (f" OR id IN ({','.join('?' * len(watched))})" if watched else "")
+        found = sorted({int(r[0]) for r in db.query(sql, (self._newest, *watched))})
+        if len(found) > MAX_NEW:
+            return None
+        newer = [i for i in found if i > self._newest]
+        if newer and getattr(db, "LATE_IDS", True):
+            if newer[-1] - self._newest > MAX_NEW + MAX_PENDING:
+                return None
+            self._pending = (self._pending - set(found)) | (set(range(self._newest + 1, newer[-1])) - set(newer))
+            if len(self._pending) > MAX_PENDING:
+                return None
+        else:
+            self._pending -= set(found)
+        if newer:
+            self._newest = newer[-1]
+        return found
+
+    def _append(self, db: Any, new: list[int]) -> None:
         """Add new entries' postings to the identities held (the others are fetched whole when asked for)."""
         by_name: dict[tuple[int, str, str], list[tuple]] = {}
-        for group_id, core, head, text, kind, role, entry_id in rows:
-            if (int(group_id), str(core), str(head)) in self._held:
-                by_name.setdefault((int(group_id), str(core), str(head)), []).append((text, kind, role, entry_id))
-        for name, new in by_name.items():
+        for start in range(0, len(new), 500):
+            part = new[start:start + 500]
+            for group_id, core, head, text, kind, role, entry_id in db.query(
+                    "SELECT p.group_id, e.core, e.head, e.text, e.kind, p.role, p.entry_id FROM postings p JOIN "
+                    f"entities e ON e.id = p.entity_id WHERE p.entry_id IN ({','.join('?' * len(part))})", part):
+                if (int(group_id), str(core), str(head)) in self._held:
+                    by_name.setdefault((int(group_id), str(core), str(head)), []).append((text, kind, role, entry_id))
+        for name, rows in by_name.items():
             held = self._held[name]
             texts, objects = list(held.texts), list(held.objects)
             slot = {t: i for i, t in enumerate(texts)}
-            for text, kind, _, _ in new:
+            for text, kind, _, _ in rows:
                 if text not in slot:
                     slot[text] = len(texts)
                     texts.append(text)
                     objects.append(kind == "object")
+                else:  # a text whose entity went with its last entry and came back: its kind is the new one's
+                    objects[slot[text]] = kind == "object"
             self._held[name] = IdentityPostings(
                 tuple(texts), np.array(objects, bool),
-                np.concatenate([held.entity, np.array([slot[t] for t, _, _, _ in new], np.int64)]),
-                np.concatenate([held.entry, np.array([int(e) for _, _, _, e in new], np.int64)]),
-                np.concatenate([held.role, np.array([ROLE_CODE.get(str(r), -1) for _, _, r, _ in new], np.int64)]))
-            self._size += len(new)
+                np.concatenate([held.entity, np.array([slot[t] for t, _, _, _ in rows], np.int64)]),
+                np.concatenate([held.entry, np.array([int(e) for _, _, _, e in rows], np.int64)]),
+                np.concatenate([held.role, np.array([ROLE_CODE.get(str(r), -1) for _, _, r, _ in rows], np.int64)]))
+            self._size += len(rows)
+
+    def _passing(self, db: Any, generation: int, order: np.ndarray, scenes: SceneKeys | None, limit: int,
+                 check: bool) -> list[int]:
+        """The first `limit` entries in order that still exist (when `check`) and name no scene or one of `scenes`
+        (`HitRule.scenes_sql`), read `SCAN_WINDOW` at a time."""
+        kept: list[int] = []
+        start, window = 0, SCAN_WINDOW
+        while start < len(order) and len(kept) < limit:
+            part = [int(e) for e in order[start:start + window]]
+            start, window = start + window, 500
+            if check:
+                with self._lock:
+                    alive = dict(self._alive) if generation == self._generation else {}
+                unknown = [e for e in part if e not in alive]
+                if unknown:
+                    found = {int(r[0]) for r in db.query(
+                        f"SELECT id FROM entries WHERE id IN ({','.join('?' * len(unknown))})", unknown)}
+                    fresh = {e: e in found for e in unknown}
+                    alive.update(fresh)
+                    with self._lock:
+                        if generation == self._generation:
+                            self._alive.update(fresh)
+                            self._gone.update(e for e, ok in fresh.items() if not ok)
+                    self.removed += sum(not ok for ok in fresh.values())
+                part = [e for e in part if alive[e]]
+            if scenes is not None and part:
+                part = _scene_passing(db, part, scenes)
+            kept += part[:limit - len(kept)]
+        return kept
 
     def _postings(self, db: Any, group_id: int, core: str, head: str) -> IdentityPostings:
         """One identity's postings, held or fetched (the lock held)."""
@@ -170,19 +238,13 @@ def _ordered(entry: np.ndarray, q: np.ndarray, sim: np.ndarray) -> np.ndarray:
     return ids[np.lexsort((-ids, -s, -n))]  # similarities are multiples of 2^-16: the sums are exact
 
 
-def _scene_passing(db: Any, order: np.ndarray, scenes: SceneKeys, limit: int) -> list[int]:
-    """The first `limit` entries in order that name no scene or one of `scenes` (`HitRule.scenes_sql`)."""
+def _scene_passing(db: Any, part: list[int], scenes: SceneKeys) -> list[int]:
+    """The entries of `part`, in order, that name no scene or one of `scenes` (`HitRule.scenes_sql`)."""
     wanted, ids = set(scenes.identities), set(scenes.ids)
-    kept: list[int] = []
-    start, window = 0, SCAN_WINDOW
-    while start < len(order) and len(kept) < limit:
-        part = [int(e) for e in order[start:start + window]]
-        seen: dict[int, bool] = {}
-        for entry_id, core, head, eid in db.query(
-                "SELECT sp.entry_id, se.core, se.head, se.id FROM postings sp JOIN entities se ON se.id = sp.entity_id "
-                f"WHERE sp.role = ? AND sp.entry_id IN ({','.join('?' * len(part))})", [SCENE, *part]):
-            agrees = (core, head) in wanted or int(eid) in ids
-            seen[int(entry_id)] = seen.get(int(entry_id), False) or agrees
-        kept += [e for e in part if seen.get(e, True)][:limit - len(kept)]
-        start, window = start + window, 500
-    return kept
+    seen: dict[int, bool] = {}
+    for entry_id, core, head, eid in db.query(
+            "SELECT sp.entry_id, se.core, se.head, se.id FROM postings sp JOIN entities se ON se.id = sp.entity_id "
+            f"WHERE sp.role = ? AND sp.entry_id IN ({','.join('?' * len(part))})", [SCENE, *part]):
+        agrees = (core, head) in wanted or int(eid) in ids
+        seen[int(entry_id)] = seen.get(int(entry_id), False) or agrees
+    return [e for e in part if seen.get(e, True)]

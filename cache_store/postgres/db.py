@@ -57,6 +57,7 @@ class PgDb:
     INSTR = "strpos"  # ranking.rank: the position of a substring, 0 when absent
     ID_LIST = "string_agg(({})::text, ',')"  # ranking: a group's values as one comma-joined text
     POSTINGS_SCAN = "postings p"  # ranking.rank: its planner picks the index
+    LATE_IDS = True  # an entry's id is drawn before the writer lock: a lower one can commit after a higher one
 
     def __init__(self, server: ServerURL, schema: str, timeout_s: float | None = None) -> None:
         self.server = server
