@@ -283,42 +283,70 @@ print(json.dumps({"import_s": t1 - t0, "open_s": t2 - t1, "hits": hits,
 
 # ------------------------------------------------------------------------------------------------ main
 def ranking_paths(store, requests: list, threshold: float) -> list[list[str]]:
-    """`store.lookup` (no latent load, no recency update) four ways per request, in a shuffled order: the ranking in
-    SQL, from held postings just dropped (after an eviction), from held postings right after an insert (its postings
-    added to them), and from held postings kept warm. The inserts are fillers that match nothing."""
+    """`store.lookup` (no latent load, no recency update) five ways per request, in a shuffled order: the ranking in
+    SQL; from held postings just dropped (another index epoch); from held postings right after an insert (its
+    postings added to them); right after an insert that evicted an entry, as in a full cache (the held postings
+    kept, the ranked candidates checked against `entries`); and from held postings kept warm. The inserts are
+    fillers that match nothing; the evicted entry is the previous such filler."""
     if not requests:
         return []
     import torch
 
     from comfyui_chai.cache_store.entities.extract import Entity
+    from comfyui_chai.cache_store.folder.rows import delete_entries
+    from comfyui_chai.cache_store.latents import remove_files
     from comfyui_chai.cache_store.lookup.posting_cache import PostingCache
     from comfyui_chai.cache_store.lookup.rule import HitRule
     from comfyui_chai.cache_store.types import EmbeddedEntities
 
-    warm = store.postings
-    ways = {"SQL ranking (no held postings)": None, "held postings, just dropped (after an eviction)": "cold",
-            "held postings, right after an insert": "insert", "held postings, warm": warm}
+    warm, full = store.postings, PostingCache()
+    ways = {"SQL ranking (no held postings)": None, "held postings, just dropped (another index epoch)": "cold",
+            "held postings, right after an insert": "insert",
+            "held postings, right after an insert that evicted (full cache)": "evict",
+            "held postings, warm": warm}
     total: dict[str, list[float]] = {w: [] for w in ways}
     select: dict[str, list[float]] = {w: [] for w in ways}
     same = 0
     filler = np.random.default_rng(0).standard_normal((1, requests[0].vectors.shape[1])).astype(np.float32)
     filler /= np.linalg.norm(filler)  # random in 384 dimensions: near nothing a prompt names
     latents = {name: torch.zeros(SHAPE) for name in LATENT_NAMES}
+
+    def insert_filler(name: str) -> int:
+        # one stored text for every filler: the index gains one point in all
+        return store.insert(name, EmbeddedEntities((Entity("chai bench filler", "object", "filler"),), filler,
+                                                   requests[0].embedder), FINGERPRINT, latents, SIGMAS).entry_id
+
+    def evict(entry_id: int) -> None:
+        with store.manifest.write() as cur:
+            files = delete_entries(cur, [entry_id])
+        remove_files(store.latent_dir, files)
+        store.keeper.sync()
+
+    store.postings = full  # the full cache's postings, fetched once and then following an eviction
+    previous = insert_filler("bench filler evicted first")
+    for ee in requests:
+        store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold), touch=False, load=False)
     for i, ee in enumerate(requests):
         answers = {}
         names = list(ways)
         random.Random(i).shuffle(names)
         for name in names:
-            store.postings = PostingCache() if ways[name] == "cold" else warm if ways[name] == "insert" else ways[name]
-            if ways[name] == "insert":  # one stored text for every filler: the index gains one point in all
-                store.insert(f"bench filler {i}", EmbeddedEntities((Entity("chai bench filler", "object", "filler"),),
-                                                                   filler, ee.embedder), FINGERPRINT, latents, SIGMAS)
+            way = ways[name]
+            store.postings = (PostingCache() if way == "cold" else warm if way == "insert" else full if way == "evict"
+                              else way)
+            if way == "insert":
+                insert_filler(f"bench filler {i}")
+            elif way == "evict":
+                newest = insert_filler(f"bench filler evicting {i}")
+                evict(previous)
+                previous = newest
             t = time.perf_counter()
             res = store.lookup(ee, FINGERPRINT, SHAPE, HitRule(threshold), touch=False, load=False)
             total[name].append(time.perf_counter() - t)
             select[name].append(res.timings.get("select", 0.0))
             answers[name] = (res.hit, res.entry.id if res.entry else None, res.reason)
         same += len(set(answers.values())) == 1
+    evict(previous)
     store.postings = warm
     return [[name, f"{ms_pct(total[name], 50):.2f} / {ms_pct(total[name], 99):.2f}",
              f"{ms_pct(select[name], 50):.2f}", f"{same} of {len(requests)}"] for name in ways]
