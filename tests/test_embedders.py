@@ -151,6 +151,20 @@ def test_tiny_batched_equals_one_by_one(tiny):
     np.testing.assert_allclose(together, alone, atol=1e-5)
 
 
+def test_tiny_packed_groups_split_by_tokens_equal_the_reference(tiny, monkeypatch):
+    folder, tensors = tiny
+    monkeypatch.setattr(minilm_mod, "PACK_TOKENS", 9)  # several packed forwards, one phrase longer than the budget
+    emb = MiniLMEmbedder(weights_dir=folder, cache_size=0)
+    phrases = ["red dog", "the old man at the beach at night", "cat", "big green trees", "blue car", "a house"]
+    calls: list[int] = []
+    pooled = emb.load()._bert.pooled
+    monkeypatch.setattr(emb._bert, "pooled", lambda seqs: calls.append(sum(map(len, seqs))) or pooled(seqs))
+    vecs = emb.embed(phrases)
+    assert len(calls) >= 3 and max(calls) > 9 and all(c <= 9 for c in sorted(calls)[:-1])
+    for phrase, got in zip(phrases, vecs):
+        np.testing.assert_allclose(got, _naive_forward(tensors, emb._tokenizer.encode(phrase).ids), atol=2e-5)
+
+
 def test_tiny_dim_and_lazy_load(tiny):
     emb = MiniLMEmbedder(weights_dir=tiny[0])
     assert emb.dim == TINY_CONFIG["hidden_size"]

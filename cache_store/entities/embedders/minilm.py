@@ -42,6 +42,7 @@ INSTALL_HINT = (
 DEFAULT_THRESHOLD = 0.65
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_CACHE_SIZE = 4096
+PACK_TOKENS = 512  # tokens packed into one forward at most (its attention mask is tokens x tokens)
 FALLBACK_MAX_LENGTH = 128
 
 # (resolved path, size, mtime_ns) -> sha256 hex; hashing 90 MB costs ~0.2 s, so do it once per process.
@@ -197,12 +198,14 @@ class _Bert:
             p = f"encoder.layer.{i}."
             qkv_w = torch.cat([get(p + f"attention.self.{n}.weight") for n in ("query", "key", "value")])
             qkv_b = torch.cat([get(p + f"attention.self.{n}.bias") for n in ("query", "key", "value")])
+            # Dense weights are kept as (in, out), contiguous, for addmm: on the handful of tokens a lookup embeds
+            # that is about 15% faster than F.linear on the checkpoint's (out, in) layout (one thread, 5 tokens).
             self.blocks.append((
-                qkv_w, qkv_b,
-                get(p + "attention.output.dense.weight"), get(p + "attention.output.dense.bias"),
+                qkv_w.t().contiguous(), qkv_b,
+                get(p + "attention.output.dense.weight").t().contiguous(), get(p + "attention.output.dense.bias"),
                 get(p + "attention.output.LayerNorm.weight"), get(p + "attention.output.LayerNorm.bias"),
-                get(p + "intermediate.dense.weight"), get(p + "intermediate.dense.bias"),
-                get(p + "output.dense.weight"), get(p + "output.dense.bias"),
+                get(p + "intermediate.dense.weight").t().contiguous(), get(p + "intermediate.dense.bias"),
+                get(p + "output.dense.weight").t().contiguous(), get(p + "output.dense.bias"),
                 get(p + "output.LayerNorm.weight"), get(p + "output.LayerNorm.bias"),
             ))
         self.vocab_size = self.word.shape[0]
@@ -210,27 +213,47 @@ class _Bert:
         if self.word.shape[1] != self.hidden:
             raise EmbedError(f"word embeddings are {self.word.shape[1]}-d but config says {self.hidden}")
 
-    def pooled(self, ids: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
-        """Mean of the last hidden states over real tokens: ids, mask (B, L) -> (B, hidden)."""
-        x = self.states(ids, mask)
-        m = mask.unsqueeze(-1).to(x.dtype)
-        return (x * m).sum(dim=1) / m.sum(dim=1).clamp(min=1e-9)
+    def pooled(self, seqs: Sequence[Sequence[int]]) -> "torch.Tensor":
+        """Mean of the last hidden states of each token sequence: (n, hidden). The sequences run packed into one
+        row, each attending only to itself, so no padded token is computed."""
+        import torch
 
-    def states(self, ids: "torch.Tensor", mask: "torch.Tensor") -> "torch.Tensor":
-        """The last hidden state of every token: ids, mask (B, L) -> (B, L, hidden)."""
+        lengths = torch.tensor([len(s) for s in seqs])
+        segment = torch.repeat_interleave(torch.arange(len(seqs)), lengths)
+        positions = torch.cat([torch.arange(int(n)) for n in lengths])
+        ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
+        mask = (segment[:, None] == segment[None, :])[None] if len(seqs) > 1 else None
+        x = self._encode(self._embed(ids, positions), mask)
+        total = torch.zeros(len(seqs), self.hidden, dtype=x.dtype, device=x.device)
+        total.index_add_(0, segment.to(x.device), x)
+        return total / lengths.to(device=x.device, dtype=x.dtype)[:, None]
+
+    def states(self, ids: Sequence[int]) -> "torch.Tensor":
+        """The last hidden state of every token of one sequence: (L, hidden)."""
+        import torch
+
+        return self._encode(self._embed(torch.tensor(list(ids), dtype=torch.int64), torch.arange(len(ids))), None)
+
+    def _embed(self, ids: "torch.Tensor", positions: "torch.Tensor") -> "torch.Tensor":
         import torch.nn.functional as F
 
-        b, length = ids.shape
-        d, h = self.hidden, self.heads
-        x = self.word[ids] + self.pos[:length] + self.type0
-        x = F.layer_norm(x, (d,), *self.emb_ln, eps=self.eps)
-        attn_mask = mask[:, None, None, :]  # True = may attend; padded keys are masked out
+        device = self.word.device
+        x = self.word[ids.to(device)] + self.pos[positions.to(device)] + self.type0
+        return F.layer_norm(x, (self.hidden,), *self.emb_ln, eps=self.eps)
+
+    def _encode(self, x: "torch.Tensor", mask: "torch.Tensor | None") -> "torch.Tensor":
+        """The encoder layers over packed tokens x (T, hidden); mask (1, T, T), True where a token may attend."""
+        import torch
+        import torch.nn.functional as F
+
+        length, d, h = x.shape[0], self.hidden, self.heads
+        if mask is not None:
+            mask = mask.to(x.device)
         for qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, f_w, f_b, ln2_w, ln2_b in self.blocks:
-            q, k, v = F.linear(x, qkv_w, qkv_b).view(b, length, 3, h, d // h).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-            a = a.transpose(1, 2).reshape(b, length, d)
-            x = F.layer_norm(F.linear(a, o_w, o_b) + x, (d,), ln1_w, ln1_b, eps=self.eps)
-            f = F.linear(self.act(F.linear(x, i_w, i_b)), f_w, f_b)
+            q, k, v = torch.addmm(qkv_b, x, qkv_w).view(length, 3, h, d // h).permute(1, 2, 0, 3)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(0, 1).reshape(length, d)
+            x = F.layer_norm(torch.addmm(o_b, a, o_w) + x, (d,), ln1_w, ln1_b, eps=self.eps)
+            f = torch.addmm(f_b, self.act(torch.addmm(i_b, x, i_w)), f_w)
             x = F.layer_norm(f + x, (d,), ln2_w, ln2_b, eps=self.eps)
         return x
 
@@ -265,7 +288,6 @@ class MiniLMEmbedder(Embedder):
         self._tokenizer: Any = None
         self._max_length = FALLBACK_MAX_LENGTH
         self._unk_id = -1
-        self._pad_id = 0
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def _locate(self) -> Path:
@@ -335,15 +357,13 @@ class MiniLMEmbedder(Embedder):
                 max_length = int(_read_json(st_config).get("max_seq_length", FALLBACK_MAX_LENGTH))
             self._max_length = max(8, min(max_length, bert.max_positions))
             tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            tokenizer.no_padding()  # we pad each batch to its own longest phrase
+            tokenizer.no_padding()  # phrases are packed into one row per forward, never padded
             if tokenizer.get_vocab_size() > bert.vocab_size:
                 raise EmbedError(f"{folder / 'tokenizer.json'} has {tokenizer.get_vocab_size()} tokens but the "
                                  f"weights only {bert.vocab_size}: tokenizer and model.safetensors do not belong together")
             tokenizer.enable_truncation(max_length=self._max_length)
             unk = tokenizer.token_to_id("[UNK]")
             self._unk_id = -1 if unk is None else unk
-            pad = tokenizer.token_to_id("[PAD]")
-            self._pad_id = int(config.get("pad_token_id", 0) if pad is None else pad)
             self._tokenizer = tokenizer
             self._bert = bert
             return self
@@ -383,9 +403,8 @@ class MiniLMEmbedder(Embedder):
             if bert is None:
                 raise EmbedError(f"{MODEL_NAME} is not loaded")
             enc = self._tokenizer.encode(items[0])
-            ids = torch.tensor([enc.ids], dtype=torch.int64, device=self.device)
             with torch.inference_mode():
-                states = bert.states(ids, torch.ones_like(ids, dtype=torch.bool))[0].float().cpu().numpy()
+                states = bert.states(enc.ids).float().cpu().numpy()
         content = [k for k, special in enumerate(enc.special_tokens_mask) if not special]
         rows = []
         for start, end in spans:
@@ -408,7 +427,7 @@ class MiniLMEmbedder(Embedder):
             self._cache.popitem(last=False)
 
     def _encode(self, unique: list[str], items: list[str], where: dict[str, list[int]]) -> np.ndarray:
-        """Tokenize and run the forward in length-sorted batches; rows come back in `unique` order."""
+        """Tokenize and run the forward over length-sorted packed groups; rows come back in `unique` order."""
         import torch
 
         bert = self._bert
@@ -430,17 +449,15 @@ class MiniLMEmbedder(Embedder):
             )
         order = sorted(range(len(unique)), key=lambda j: len(token_ids[j]))
         pooled = np.empty((len(unique), bert.hidden), dtype=np.float32)
+        groups: list[list[int]] = [[]]
+        tokens = 0
+        for j in order:  # packed forwards of at most batch_size phrases and about PACK_TOKENS tokens
+            if groups[-1] and (len(groups[-1]) == self.batch_size or tokens + len(token_ids[j]) > PACK_TOKENS):
+                groups.append([])
+                tokens = 0
+            groups[-1].append(j)
+            tokens += len(token_ids[j])
         with torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                rows = order[start:start + self.batch_size]
-                longest = max(len(token_ids[j]) for j in rows)
-                ids = np.full((len(rows), longest), self._pad_id, dtype=np.int64)
-                mask = np.zeros((len(rows), longest), dtype=bool)
-                for r, j in enumerate(rows):
-                    ids[r, :len(token_ids[j])] = token_ids[j]
-                    mask[r, :len(token_ids[j])] = True
-                result = bert.pooled(
-                    torch.from_numpy(ids).to(self.device), torch.from_numpy(mask).to(self.device)
-                )
-                pooled[rows] = result.float().cpu().numpy()
+            for rows in groups:
+                pooled[rows] = bert.pooled([token_ids[j] for j in rows]).float().cpu().numpy()
         return normalise_rows(pooled, unique, MODEL_NAME)
