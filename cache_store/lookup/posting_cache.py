@@ -93,8 +93,6 @@ class PostingCache:
             if not parts_entry:
                 return []
             order = _ordered(np.concatenate(parts_entry), np.concatenate(parts_q), np.concatenate(parts_sim))
-            if self._gone:
-                order = order[~np.isin(order, np.fromiter(self._gone, np.int64, len(self._gone)))]
             check = self._followed
         if not check and (scenes is None or not rule.scenes_must_agree):
             return [int(e) for e in order[:limit]]
@@ -178,8 +176,10 @@ class PostingCache:
             part = [int(e) for e in order[start:start + window]]
             start, window = start + window, 500
             if check:
-                with self._lock:
-                    alive = dict(self._alive) if generation == self._generation else {}
+                with self._lock:  # removed entries never come back; the living are known for this generation
+                    alive = {e: False for e in part if e in self._gone}
+                    if generation == self._generation:
+                        alive.update((e, self._alive[e]) for e in part if e in self._alive)
                 unknown = [e for e in part if e not in alive]
                 if unknown:
                     found = {int(r[0]) for r in db.query(
@@ -190,7 +190,7 @@ class PostingCache:
                         if generation == self._generation:
                             self._alive.update(fresh)
                             self._gone.update(e for e, ok in fresh.items() if not ok)
-                    self.removed += sum(not ok for ok in fresh.values())
+                        self.removed += sum(not ok for ok in fresh.values())
                 part = [e for e in part if alive[e]]
             if scenes is not None and part:
                 part = _scene_passing(db, part, scenes)
