@@ -23,7 +23,12 @@ import numpy as np
 from bench._common import DEFAULT_PROMPTS, REPO, load_prompts, table
 
 
-def padded_forward(bert: Any, seqs: list[list[int]]) -> Any:
+def out_in(bert: Any) -> list[tuple]:
+    """The encoder's blocks with the dense weights back in the checkpoint's (out, in) layout, contiguous."""
+    return [tuple(t.t().contiguous() if i in (0, 2, 6, 8) else t for i, t in enumerate(block)) for block in bert.blocks]
+
+
+def padded_forward(bert: Any, blocks: list[tuple], seqs: list[list[int]]) -> Any:
     """The forward as it was: one batch padded to its longest sequence, F.linear on (out, in) weights."""
     import torch
     import torch.nn.functional as F
@@ -36,7 +41,7 @@ def padded_forward(bert: Any, seqs: list[list[int]]) -> Any:
         mask[r, :len(s)] = True
     b, d, h = len(seqs), bert.hidden, bert.heads
     x = F.layer_norm(bert.word[ids] + bert.pos[:longest] + bert.type0, (d,), *bert.emb_ln, eps=bert.eps)
-    for qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, f_w, f_b, ln2_w, ln2_b in _out_in(bert):
+    for qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, f_w, f_b, ln2_w, ln2_b in blocks:
         q, k, v = F.linear(x, qkv_w, qkv_b).view(b, longest, 3, h, d // h).permute(2, 0, 3, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
         a = a.transpose(1, 2).reshape(b, longest, d)
@@ -44,17 +49,6 @@ def padded_forward(bert: Any, seqs: list[list[int]]) -> Any:
         x = F.layer_norm(F.linear(bert.act(F.linear(x, i_w, i_b)), f_w, f_b) + x, (d,), ln2_w, ln2_b, eps=bert.eps)
     m = mask.unsqueeze(-1).to(x.dtype)
     return (x * m).sum(dim=1) / m.sum(dim=1)
-
-
-_OUT_IN: dict[int, list[tuple]] = {}
-
-
-def _out_in(bert: Any) -> list[tuple]:
-    """The encoder's dense weights in the checkpoint's (out, in) layout, contiguous, made once."""
-    if id(bert) not in _OUT_IN:
-        _OUT_IN[id(bert)] = [tuple(t.t().contiguous() if i in (0, 2, 6, 8) else t for i, t in enumerate(block))
-                             for block in bert.blocks]
-    return _OUT_IN[id(bert)]
 
 
 def groups_of(prompts: list[str], extractor: Any, tokenizer: Any) -> list[list[list[int]]]:
@@ -72,7 +66,8 @@ def measure(bert: Any, groups: list[list[list[int]]], repeat: int, seed: int) ->
     import torch
 
     times: dict[str, list[float]] = {"padded": [], "packed": []}
-    ways = {"padded": lambda g: padded_forward(bert, g), "packed": bert.pooled}
+    blocks = out_in(bert)
+    ways = {"padded": lambda g: padded_forward(bert, blocks, g), "packed": bert.pooled}
     rng = random.Random(seed)
     worst = 1.0
     with torch.inference_mode():
@@ -80,22 +75,15 @@ def measure(bert: Any, groups: list[list[list[int]]], repeat: int, seed: int) ->
             ways["padded"](g), ways["packed"](g)
         for _ in range(repeat):
             for g in groups:
-                per: dict[str, float] = {}
                 names = list(ways)
                 rng.shuffle(names)
+                outs = {}
                 for name in names:
                     t0 = time.perf_counter()
                     out = ways[name](g)
-                    per[name] = time.perf_counter() - t0
-                    if name == "packed":
-                        packed = out
-                    else:
-                        padded = out
-                for name, seconds in per.items():
-                    times[name].append(seconds)
-                a = torch.nn.functional.normalize(packed, dim=1)
-                b = torch.nn.functional.normalize(padded, dim=1)
-                worst = min(worst, float((a * b).sum(dim=1).min()))
+                    times[name].append(time.perf_counter() - t0)
+                    outs[name] = torch.nn.functional.normalize(out, dim=1)
+                worst = min(worst, float((outs["packed"] * outs["padded"]).sum(dim=1).min()))
     return {"times": times, "worst_cos": worst, "tokens": [sum(map(len, g)) for g in groups],
             "padded_tokens": [len(g) * max(map(len, g)) for g in groups]}
 

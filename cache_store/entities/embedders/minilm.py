@@ -235,6 +235,7 @@ class _Bert:
         return self._encode(self._embed(torch.tensor(list(ids), dtype=torch.int64), torch.arange(len(ids))), None)
 
     def _embed(self, ids: "torch.Tensor", positions: "torch.Tensor") -> "torch.Tensor":
+        """Token, position and type-0 embeddings, layer-normed: (T,) ids and positions -> (T, hidden)."""
         import torch.nn.functional as F
 
         device = self.word.device
