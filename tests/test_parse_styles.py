@@ -226,3 +226,18 @@ def test_casual_prompts_match_their_written_out_forms(extractor):
 def test_a_verb_before_a_determiner_is_a_verb(extractor):
     found = roles(extractor, "Detective Frank Malone in a long coat lights a cigarette under a streetlamp")
     assert "long coat" in found and "long coat light" not in found
+
+
+@pytest.mark.parametrize("prompt, main, glued", [
+    ("a goldfish swimming in a glass bowl", "goldfish", "goldfish swimming"),
+    ("a jellyfish pulsing in the dark ocean", "jellyfish", "jellyfish pulsing"),
+    ("a starfish lying on the sand", "starfish", "starfish lying"),
+])
+def test_a_noun_tagged_as_an_adjective_before_its_participle_is_the_subject(extractor, prompt, main, glued):
+    got = roles(extractor, prompt)
+    assert got.get(main) == "main" and glued not in got
+
+
+def test_a_participle_before_a_noun_stays_part_of_it(extractor):
+    assert "goldfish swimming pool" in roles(extractor, "a goldfish swimming pool")
+    assert roles(extractor, "a beautiful swimming pool") == {"beautiful swimming pool": "scene"}

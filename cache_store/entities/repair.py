@@ -16,6 +16,8 @@
   without a determiner ("puppy sleeping on the couch", "kitten in a box", "surfer riding a huge wave"): the word is
   a noun in the tables, or in none of them ("astronot walking on mars"), and a participle, a preposition or a noun
   follows. A word prompts use as a command ("fly over the city", "show a cat") stays a verb.
+- **A noun before its participle** read as an adjective before a noun ("a goldfish swimming in a glass bowl", sm:
+  JJ NN): the first word is the noun, the -ing word a verb (`_nouns_before_participles`).
 """
 from __future__ import annotations
 
@@ -66,7 +68,36 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     verbal = _verbs_taken_for_nouns(doc, words)
     # The subject of a repaired verb is a noun even where the tagger said adjective ("convertible kicks").
     subjects = {v - 1 for v in verbal if doc[v - 1].tag_ == "JJ" and doc[v - 1].lower_ in words.nouns}
-    return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects) - verbal, verbal)
+    doers, doing = _nouns_before_participles(doc, words)
+    verbal |= doing
+    return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers) - verbal, verbal)
+
+
+def _nouns_before_participles(doc: "Doc", words: WordClasses) -> tuple[set[int], set[int]]:
+    """A noun after a determiner that the tagger read as an adjective before an -ing word it read as a noun ("a
+    goldfish swimming in a bowl", "a starfish lying on the sand": sm tags JJ NN): the word is the noun, the -ing
+    word its participle. The word must be a noun the tables do not know as an adjective, and the -ing word a verb's
+    with no noun after it ("a goldfish swimming pool" stays a pool)."""
+    nouns: set[int] = set()
+    verbs: set[int] = set()
+    if not words:
+        return nouns, verbs
+    for tok in doc[1:len(doc) - 1]:
+        if tok.tag_ != "JJ" or not tok.is_alpha or doc[tok.i - 1].pos_ != "DET":
+            continue
+        word, nxt = tok.lower_, doc[tok.i + 1]
+        if word not in words.nouns or words.is_adjective(word):
+            continue
+        ing = nxt.lower_
+        stems = (ing[:-3], ing[:-3] + "e", ing[:-4], ing[:-4] + "ie")  # swim-ming, glid-ing, ly-ing
+        if nxt.tag_ != "NN" or not ing.endswith("ing") or not any(stem in words.verbs for stem in stems):
+            continue
+        after = doc[tok.i + 2] if tok.i + 2 < len(doc) else None
+        if after is not None and after.pos_ in _HEAD_POS:
+            continue
+        nouns.add(tok.i)
+        verbs.add(nxt.i)
+    return nouns, verbs
 
 
 def _opening_nouns(doc: "Doc", words: WordClasses) -> set[int]:
