@@ -26,12 +26,13 @@ def roles(extractor, prompt: str) -> dict[str, str]:
     ("camera zooms in on a red car", {"red car": "main"}),
     ("dolly shot of a vintage tram", {"vintage tram": "main"}),
     ("tracking shot, zoom in, a fox trotting through snow", {"fox": "main", "snow": "scene"}),
+    ("360 degree rotation around a surfer inside a wave barrel", {"surfer": "main"}),
 ])
 def test_camera_and_motion_phrasing_is_never_an_entity(extractor, prompt, expected):
     got = roles(extractor, prompt)
     assert {k: v for k, v in got.items() if k in expected} == expected
     assert not [t for t in got if any(w in t.split() for w in ("camera", "orbit", "circle", "pan", "zoom",
-                                                                  "shot", "dolly", "tracking"))]
+                                                                  "shot", "dolly", "tracking", "rotation"))]
 
 
 @pytest.mark.parametrize("prompt, main", [
