@@ -27,12 +27,17 @@ def roles(extractor, prompt: str) -> dict[str, str]:
     ("dolly shot of a vintage tram", {"vintage tram": "main"}),
     ("tracking shot, zoom in, a fox trotting through snow", {"fox": "main", "snow": "scene"}),
     ("360 degree rotation around a surfer inside a wave barrel", {"surfer": "main"}),
+    ("A boxer running up stone steps at dawn, shot on a 35mm anamorphic lens, slow handheld movement",
+     {"boxer": "main"}),
+    ("a wide aerial reveal of a fishing village, steadicam", {"fishing village": "scene"}),
 ])
 def test_camera_and_motion_phrasing_is_never_an_entity(extractor, prompt, expected):
     got = roles(extractor, prompt)
     assert {k: v for k, v in got.items() if k in expected} == expected
     assert not [t for t in got if any(w in t.split() for w in ("camera", "orbit", "circle", "pan", "zoom",
-                                                                  "shot", "dolly", "tracking", "rotation"))]
+                                                                  "shot", "dolly", "tracking", "rotation",
+                                                                  "lens", "len", "movement", "reveal",
+                                                                  "steadicam"))]
 
 
 @pytest.mark.parametrize("prompt, main", [
