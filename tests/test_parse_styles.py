@@ -247,3 +247,16 @@ def test_a_noun_tagged_as_an_adjective_before_its_participle_is_the_subject(extr
 def test_a_participle_before_a_noun_stays_part_of_it(extractor):
     assert "goldfish swimming pool" in roles(extractor, "a goldfish swimming pool")
     assert roles(extractor, "a beautiful swimming pool") == {"beautiful swimming pool": "scene"}
+
+
+@pytest.mark.parametrize("prompt, kept", [
+    ("A red fox trots through the snow. Nature documentary cinematography, 4K.", "red fox"),
+    ("Luxury commercial for gold jewellery on black velvet", "gold jewellery"),
+    ("The little yellow robot dances on a counter, playful pixar style animation", "little yellow robot"),
+    ("A detective in the rain, classic film noir", "detective"),
+])
+def test_styles_and_formats_are_no_entities(extractor, prompt, kept):
+    got = roles(extractor, prompt)
+    assert kept in got
+    assert not [t for t in got if set(t.split()) & {"documentary", "cinematography", "commercial", "animation",
+                                                    "noir", "cartoon", "anime"}]
