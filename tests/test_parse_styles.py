@@ -109,6 +109,9 @@ def test_typo_repair_leaves_real_and_unknown_words_alone(extractor):
     # real words, names, slang and short words are never rewritten into another noun
     for word in ("beech", "horse", "ramen", "vlog", "hoodie", "kpop", "bokeh", "cat"):
         assert words.correct(word) is None
+    # function words are in no lemmatizer table and never a noun's typo ("beside" is not "bedside")
+    for word in ("beside", "onto", "upon", "toward", "amongst"):
+        assert words.correct(word) is None
     assert words.correct_text("Kyoto at night, a rivr") == "Kyoto at night, a river"
     assert WordClasses().correct_text("a rivr") == "a rivr"  # a pipeline without tables: nothing changes
 
@@ -260,3 +263,9 @@ def test_styles_and_formats_are_no_entities(extractor, prompt, kept):
     assert kept in got
     assert not [t for t in got if set(t.split()) & {"documentary", "cinematography", "commercial", "animation",
                                                     "noir", "cartoon", "anime"}]
+
+
+def test_prepositions_stay_prepositions(extractor):
+    assert roles(extractor, "a pine cone falling onto the forest floor") == {"pine cone": "main",
+                                                                            "forest floor": "scene"}
+    assert roles(extractor, "an SUV parked beside a frozen lake").get("frozen lake") == "scene"

@@ -124,6 +124,9 @@ def word_classes(nlp: "Language", protected: frozenset[str] = frozenset()) -> Wo
     seen = _BY_PIPELINE.get(id(nlp))
     if seen is not None and seen[0] is nlp:
         return seen[1]
+    # Function words ("beside", "upon", "toward") are in no lemmatizer table; they are never typos of a noun
+    # ("beside" is not "bedside").
+    protected = protected | frozenset(getattr(getattr(nlp, "Defaults", None), "stop_words", ()) or ())
     classes = WordClasses(protected=protected)
     try:
         lookups = nlp.get_pipe("lemmatizer").lookups  # type: ignore[attr-defined]
