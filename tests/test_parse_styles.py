@@ -269,3 +269,9 @@ def test_prepositions_stay_prepositions(extractor):
     assert roles(extractor, "a pine cone falling onto the forest floor") == {"pine cone": "main",
                                                                             "forest floor": "scene"}
     assert roles(extractor, "an SUV parked beside a frozen lake").get("frozen lake") == "scene"
+
+
+def test_a_plural_noun_tagged_as_a_verb_is_a_noun(extractor):
+    got = roles(extractor, "horse chestnuts falling from a tree onto autumn leaves")
+    assert got.get("horse chestnut") == "main" and "horse" not in got  # no longer the trap's 'horse'
+    assert roles(extractor, "The dog barks at the mailman").get("dog") == "main"  # a verb's -s form stays a verb

@@ -328,6 +328,8 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs,
     head_tok = doc[indices[-1]]
     nxt = doc[head_tok.i + 1] if head_tok.i + 1 < len(doc) else None
     head_lemma = _lemma(head_tok)
+    if head_tok.tag_ == "VBZ" and head_tok.lemma_.isalpha():  # a plural the tagger read as a verb ("chestnuts")
+        head_lemma = head_tok.lemma_.lower()
     if head_lemma in QUANTITY_HEADS and nxt is not None and nxt.lower_ == "of":
         return None
     parts: list[str] = []

@@ -16,6 +16,8 @@
   without a determiner ("puppy sleeping on the couch", "kitten in a box", "surfer riding a huge wave"): the word is
   a noun in the tables, or in none of them ("astronot walking on mars"), and a participle, a preposition or a noun
   follows. A word prompts use as a command ("fly over the city", "show a cat") stays a verb.
+- **A plural noun** the tagger read as a verb's -s form when no verb has that form ("horse chestnuts falling";
+  `_plurals_taken_for_verbs`).
 - **A noun before its participle** read as an adjective before a noun ("a goldfish swimming in a glass bowl", sm:
   JJ NN): the first word is the noun, the -ing word a verb (`_nouns_before_participles`).
 """
@@ -70,7 +72,26 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     subjects = {v - 1 for v in verbal if doc[v - 1].tag_ == "JJ" and doc[v - 1].lower_ in words.nouns}
     doers, doing = _nouns_before_participles(doc, words)
     verbal |= doing
-    return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers) - verbal, verbal)
+    return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers
+                    | _plurals_taken_for_verbs(doc, words)) - verbal, verbal)
+
+
+def _plurals_taken_for_verbs(doc: "Doc", words: WordClasses) -> set[int]:
+    """An -s word the tagger read as a verb (VBZ) that is no verb's form but a noun's plural ("horse chestnuts
+    falling from a tree": no verb "chestnut")."""
+    out: set[int] = set()
+    if not words:
+        return out
+    for tok in doc:
+        word = tok.lower_
+        if tok.tag_ != "VBZ" or not tok.is_alpha or not word.endswith("s") or words.is_verb_form(word):
+            continue
+        if word in words.irregular or word in words.protected:
+            continue
+        bases = {word[:-1], word[:-2] if word.endswith("es") else "", word[:-3] + "y" if word.endswith("ies") else ""}
+        if any(b and b in words.nouns for b in bases):
+            out.add(tok.i)
+    return out
 
 
 def _nouns_before_participles(doc: "Doc", words: WordClasses) -> tuple[set[int], set[int]]:
