@@ -262,7 +262,12 @@ def test_styles_and_formats_are_no_entities(extractor, prompt, kept):
     got = roles(extractor, prompt)
     assert kept in got
     assert not [t for t in got if set(t.split()) & {"documentary", "cinematography", "commercial", "animation",
-                                                    "noir", "cartoon", "anime"}]
+                                                    "noir", "cartoon", "anime", "3d"}]
+
+
+def test_a_style_after_what_it_draws_gives_way_to_it(extractor):
+    assert roles(extractor, "magical girl transformation anime") == {"magical girl transformation": "main"}
+    assert roles(extractor, "Bolt the robot, 3d cartoon") == {"bolt robot": "main"}
 
 
 def test_prepositions_stay_prepositions(extractor):
