@@ -10,7 +10,7 @@ import pytest
 from comfyui_chai.cache_store.entities.extract import Entity
 from comfyui_chai.cache_store.entities.roles import BORROWABLE, MAIN, ROLES, SCENE
 from comfyui_chai.cache_store.lookup import ranking
-from comfyui_chai.cache_store.lookup.rule import HitRule
+from comfyui_chai.cache_store.lookup.rule import HitRule, closed_compound
 from comfyui_chai.cache_store.types import EmbeddedEntities
 
 DIM = 6
@@ -95,7 +95,8 @@ def test_any_role_widens_only_the_roles():
     assert wide.roles == frozenset(ROLES) and wide.threshold == 0.7 and not wide.scenes_must_agree
 
 
-WORDS = ("dog", "sausage", "fire", "truck", "lion", "sea", "man", "red", "hot", "bear", "teddy", "street", "city")
+WORDS = ("dog", "sausage", "fire", "truck", "lion", "sea", "man", "red", "hot", "bear", "teddy", "street", "city",
+         "horse", "seahorse", "dragon", "dragonfly")
 
 
 def _entity(rng: np.random.Generator, role: str = MAIN) -> Entity:
@@ -128,3 +129,20 @@ def test_the_identity_filter_is_same_thing_for_every_stored_entity_of_an_identit
             seen.add((only.drop_object, bool(only.ban), only.ban_any, in_sql))
         seen.add(python)
     assert {True, False} <= seen and len(seen) >= 8  # refusals of every form were exercised
+
+
+def test_compounds_written_as_one_word_count_like_open_ones():
+    rule = HitRule(0.6)
+    obj = lambda text: Entity(text, "object", text, MAIN)  # noqa: E731
+    # The shorter head begins the longer: another thing, at any similarity ("dragon" / "dragon fly").
+    for a, b in (("dragon", "dragonfly"), ("bat", "batter"), ("cat", "caterpillar"), ("pen", "penguin")):
+        assert not rule.same_thing(obj(a), obj(b), 0.99) and not rule.same_thing(obj(b), obj(a), 0.99)
+        assert rule.identity_filter(obj(a), "", b, 0.99) is None
+    # It ends the longer: a kind, at the compound threshold ("horse" / "sea horse").
+    assert not rule.same_thing(obj("horse"), obj("seahorse"), 0.8)
+    assert rule.same_thing(obj("horse"), obj("seahorse"), 0.9)
+    assert not rule.identity_filter(obj("horse"), "", "seahorse", 0.8).admits("object", "seahorse")
+    # Short parts are no compounds; places keep theirs.
+    assert closed_compound("bee", "beer") == "" and rule.same_thing(obj("bee"), obj("beer"), 0.7)
+    sea, shore = Entity("sea", "scene", "sea", "scene"), Entity("seashore", "scene", "seashore", "scene")
+    assert rule.same_thing(sea, shore, 0.7)

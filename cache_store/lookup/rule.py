@@ -54,14 +54,19 @@ class HitRule:
         A word that is one side's head and only a modifier on the other names another thing ("sausage dog" /
         "sausage", "fire truck" / "fire"); the same head with a noun compounded onto one side only needs a
         higher similarity between objects ("sea lion" / "lion", "teddy bear" / "bear"); places keep their
-        compounds ("city street" / "street").
+        compounds ("city street" / "street"). Compounds written as one word count the same way (`closed_compound`:
+        "dragonfly" / "dragon" and "batter" / "bat" are other things, "seahorse" / "horse" needs the higher
+        similarity).
         """
+        closed = closed_compound(query.head, stored.head)
         if "object" in (query.kind, stored.kind) and query.head != stored.head:
-            if query.head in _modifiers(stored) or stored.head in _modifiers(query):
+            if query.head in _modifiers(stored) or stored.head in _modifiers(query) or closed == MODIFIER:
                 return False
         if query.head == stored.head and query.kind == stored.kind == "object" and query.head not in GENERIC_PEOPLE:
             if query.identity != stored.identity:
                 return similarity >= self.identity_threshold
+        if closed == COMPOUND and query.kind == stored.kind == "object":
+            return similarity >= self.identity_threshold
         return True
 
     def identity_filter(self, query: Any, core: str, head: str, similarity: float) -> IdentityFilter | None:
@@ -69,9 +74,11 @@ class HitRule:
         all, else the part that still depends on each one's kind and words (the ranking runs it as `identity_sql`)."""
         if query.head != head:
             applies_to_all = query.kind == "object"  # else only stored objects are tested
-            if head in _modifiers(query):
+            closed = closed_compound(query.head, head)
+            if head in _modifiers(query) or closed == MODIFIER:
                 return None if applies_to_all else IdentityFilter(drop_object=True)
-            return IdentityFilter(ban=query.head, ban_any=applies_to_all)
+            compounded = closed == COMPOUND and applies_to_all and similarity < self.identity_threshold
+            return IdentityFilter(drop_object=compounded, ban=query.head, ban_any=applies_to_all)
         if query.kind == "object" and head not in GENERIC_PEOPLE and query.identity != (core or head):
             if similarity < self.identity_threshold:
                 return IdentityFilter(drop_object=True)
@@ -156,6 +163,25 @@ class IdentityFilter:
         return int(self.drop_object), self.ban, int(self.ban_any)
 
 
+MODIFIER, COMPOUND = "modifier", "compound"
+MIN_COMPOUND_PART = 3
+
+
+def closed_compound(a: str, b: str) -> str:
+    """How two one-word heads relate when one is written into the other: MODIFIER when the shorter begins the
+    longer ("dragon" / "dragonfly", "bat" / "batter", "cat" / "caterpillar": the shorter names another thing),
+    COMPOUND when it ends it ("horse" / "seahorse", "fish" / "starfish": a kind that may or may not be one), ''
+    otherwise. Each part has at least `MIN_COMPOUND_PART` letters ("bee" / "beer" is no compound)."""
+    short, long_ = (a, b) if len(a) < len(b) else (b, a)
+    if len(short) < MIN_COMPOUND_PART or len(long_) - len(short) < MIN_COMPOUND_PART or " " in long_:
+        return ""
+    if long_.startswith(short):
+        return MODIFIER
+    if long_.endswith(short):
+        return COMPOUND
+    return ""
+
+
 def _modifiers(entity: Any) -> set[str]:
     """The words of an entity other than its head ("sausage" in "sausage dog", "guitar" in "man playing guitar")."""
     return {w for w in entity.text.split() if w != entity.head}
@@ -166,4 +192,4 @@ def matched_role(query_role: str, stored_role: str) -> str:
     return {MAIN: "main subject", SCENE: "scene"}.get(query_role, query_role)
 
 
-__all__ = ["HitRule", "IdentityFilter", "SceneKeys", "matched_role"]
+__all__ = ["COMPOUND", "HitRule", "IdentityFilter", "MODIFIER", "SceneKeys", "closed_compound", "matched_role"]
