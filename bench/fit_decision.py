@@ -131,26 +131,16 @@ def build(pairs: list[Pair], identity_threshold: float | None = None) -> Table:
 
 def mention_windows(prompts: list[str]) -> dict[str, list[str]]:
     """Per prompt, each entity's mention with up to `WINDOW_WORDS` words either side, in the order `embed_all`
-    gives its entities (the extractor's steps, run here with the head token of each entity kept)."""
-    from dataclasses import replace
+    gives its entities (`EntityExtractor.entities_with_heads`)."""
+    from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
-    from comfyui_chai.cache_store.entities import extract as ex
-    from comfyui_chai.cache_store.entities.roles import roles_for
-
-    extractor = ex.EntityExtractor()
+    extractor = EntityExtractor()
     out: dict[str, list[str]] = {}
     for prompt in prompts:
         text = extractor._prepare(prompt)
-        if not text:
-            out[prompt] = []
-            continue
-        doc = extractor._nlp(text)
-        found = [(e, i) for e, i in ex._entities(doc, extractor.stop_entities.strip_heads, extractor.words)
-                 if not extractor.stop_entities.is_stop(e.text, e.head)]
-        roles = roles_for(doc, [i for _, i in found], [e.kind for e, _ in found])
-        kept = ex.merge_variants([replace(e, role=r) for (e, _), r in zip(found, roles)])
-        heads = {e.text: i for e, i in found}
-        out[prompt] = [_window(doc, heads[e.text], len(e.text.split())) for e in kept]
+        doc = extractor._nlp(text) if text else None
+        out[prompt] = [] if doc is None else [_window(doc, head, len(e.text.split()))
+                                              for e, head in extractor.entities_with_heads(doc)]
     return out
 
 

@@ -280,3 +280,10 @@ def test_a_plural_noun_tagged_as_a_verb_is_a_noun(extractor):
     got = roles(extractor, "horse chestnuts falling from a tree onto autumn leaves")
     assert got.get("horse chestnut") == "main" and "horse" not in got  # no longer the trap's 'horse'
     assert roles(extractor, "The dog barks at the mailman").get("dog") == "main"  # a verb's -s form stays a verb
+
+
+def test_entities_with_heads_name_each_entitys_head_token(extractor):
+    doc = extractor._nlp("a red fox trots through the deep snow")
+    got = [(e.text, doc[i].text) for e, i in extractor.entities_with_heads(doc)]
+    assert got == [("red fox", "fox"), ("deep snow", "snow")]
+    assert [e for e, _ in extractor.entities_with_heads(doc)] == extractor.entities_from_doc(doc)

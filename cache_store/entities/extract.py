@@ -135,11 +135,16 @@ class EntityExtractor:
 
     def entities_from_doc(self, doc: "Doc", apply_stop_list: bool = True) -> list[Entity]:
         """Entities of an already parsed document with their roles (optionally without the stop list)."""
+        return [e for e, _ in self.entities_with_heads(doc, apply_stop_list)]
+
+    def entities_with_heads(self, doc: "Doc", apply_stop_list: bool = True) -> list[tuple[Entity, int]]:
+        """`entities_from_doc`, each entity with the index of its head token in `doc`."""
         found = _entities(doc, self.stop_entities.strip_heads, self.words)
         if apply_stop_list:
             found = [(e, i) for e, i in found if not self.stop_entities.is_stop(e.text, e.head)]
         roles = roles_for(doc, [i for _, i in found], [e.kind for e, _ in found])
-        return merge_variants([replace(e, role=r) for (e, _), r in zip(found, roles)])
+        heads = {e.text: i for e, i in found}  # texts are unique; merging keeps the longer text of a pair
+        return [(e, heads[e.text]) for e in merge_variants([replace(e, role=r) for (e, _), r in zip(found, roles)])]
 
     def _prepare(self, prompt: str) -> str:
         """The text to parse: truncated, template phrases masked; '' for a prompt in another language."""
