@@ -85,17 +85,21 @@ def foreign_language(text: str) -> str | None:
     words = [w.lower() for i, w in enumerate(found) if i == 0 or not w[:1].isupper()]
     english, others = _stop_words()
     n_english = sum(w in english for w in words)
+    distinct = set(words)
+    # Only words with a letter beyond ASCII can carry another language's letters: most prompts have none, and
+    # testing every letter of every word for eight languages was most of this function's time.
+    unusual = [w for w in words if not w.isascii()]
     best, score = None, 0
     for code, stops in others.items():
-        n = len({w for w in words if w in stops})
-        marked = sum(any(ch in _LETTERS[code] for ch in w) for w in words)
+        n = len(distinct & stops)
+        marked = sum(any(ch in _LETTERS[code] for ch in w) for w in unusual)
         if n >= 2 or (n >= 1 and marked >= 1):
             if n + marked > score and n + marked >= n_english:
                 best, score = code, n + marked
-    latin = [w for w in words if all("a" <= ch <= "z" or "\u00df" <= ch <= "\u024f" for ch in w)]
-    if best is None and latin:
-        marked = sum(any(not ("a" <= ch <= "z") for ch in w) for w in latin)
-        if marked >= 2 and marked >= MARKED_WORD_SHARE * len(latin):
+    if best is None and words:
+        latin = [w for w in unusual if all("a" <= ch <= "z" or "\u00df" <= ch <= "\u024f" for ch in w)]
+        n_latin = len(words) - len(unusual) + len(latin)  # ASCII words are lowercased letters: all Latin
+        if len(latin) >= 2 and len(latin) >= MARKED_WORD_SHARE * n_latin:
             return "xx"
     return best
 
