@@ -349,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     from comfyui_chai.cache_store.entities.embedders.minilm import DEFAULT_THRESHOLD
     from comfyui_chai.cache_store.entities.embedders.precision import PRECISION_ENV_VAR
 
-    # The decision is fitted on float32 vectors on every machine, so that a refit reproduces the shipped weights
-    # whatever the CPU (bf16 ones move its near-tied choice of feature set); the variable set measures bf16.
+    # The decision is fitted on float32 vectors on every machine, so that what it prints and writes does not depend
+    # on the CPU (bf16 vectors move its near-tied choice of feature set); the variable set measures bf16.
     os.environ.setdefault(PRECISION_ENV_VAR, "float32")
 
     ship_floor = DEFAULT_THRESHOLD if args.floor is None else args.floor

@@ -501,6 +501,38 @@ def test_embedder_loads_the_resolved_precision(monkeypatch, tiny, flags, env, ex
     assert str(emb._bert.blocks[0][0].dtype) == f"torch.{expected}"
 
 
+def test_pack_bf16_prepacks_where_torch_can_and_falls_back(monkeypatch):
+    torch = pytest.importorskip("torch")
+    weight = torch.linspace(-1.0, 1.0, 48 * 32).reshape(48, 32)  # (out, in)
+    x = torch.linspace(-3.0, 3.0, 5 * 32).reshape(5, 32)
+    bias = torch.arange(48, dtype=torch.float32)
+    expected = torch.mm(x.bfloat16(), weight.t().bfloat16()).float() + bias
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        pytest.skip("this torch build has no prepacked oneDNN linear")
+    packed = precision_mod.pack_bf16(weight)
+    assert packed.is_mkldnn and tuple(packed.shape) == (48, 32)
+    torch.testing.assert_close(precision_mod.bf16_linear(x, packed, bias), expected, atol=0.05, rtol=0.01)
+
+    def broken(*args):
+        raise RuntimeError("no such op")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", broken)
+    plain = precision_mod.pack_bf16(weight)
+    assert not plain.is_mkldnn and tuple(plain.shape) == (32, 48) and plain.dtype == torch.bfloat16
+    torch.testing.assert_close(precision_mod.bf16_linear(x, plain, bias), expected)
+
+
+def test_tiny_bf16_prepacked_and_plain_agree(tiny, monkeypatch):
+    pytest.importorskip("torch")
+    phrases = ["red dog", "the old man at the beach at night", "cat", "big green trees"]
+    packed = MiniLMEmbedder(weights_dir=tiny[0], precision="bfloat16", cache_size=0).embed(phrases)
+    monkeypatch.setattr(precision_mod, "PREPACK", False)
+    emb = MiniLMEmbedder(weights_dir=tiny[0], precision="bfloat16", cache_size=0)
+    plain = emb.embed(phrases)
+    assert not emb._bert.blocks[0][0].is_mkldnn
+    assert (packed * plain).sum(axis=1).min() > 0.9999
+
+
 def test_precision_errors(monkeypatch, tiny):
     monkeypatch.setenv(precision_mod.PRECISION_ENV_VAR, "fp8")
     with pytest.raises(EmbedError, match="CHAI_MINILM_PRECISION='fp8' is not one of auto, float32, bfloat16"):

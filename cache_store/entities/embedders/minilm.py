@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .base import Embedder, EmbedError, check_phrases, describe_phrases, normalise_rows
-from .precision import PRECISIONS, resolve_precision
+from .precision import PRECISIONS, bf16_linear, pack_bf16, resolve_precision
 
 if TYPE_CHECKING:
     import torch
@@ -195,10 +195,8 @@ class _Bert:
         self.precision = precision
         # bf16 only in the dense products (fp32 accumulation); the residual stream, LayerNorm and attention stay
         # float32, so the vectors agree with float32 ones to a cosine of about 0.99999.
-        dense_dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-
         def dense(w: "torch.Tensor") -> "torch.Tensor":
-            return w.t().contiguous().to(dense_dtype)
+            return pack_bf16(w) if precision == "bfloat16" else w.t().contiguous()
 
         self.word = get("embeddings.word_embeddings.weight")
         self.pos = get("embeddings.position_embeddings.weight")
@@ -212,6 +210,7 @@ class _Bert:
             qkv_b = torch.cat([get(p + f"attention.self.{n}.bias") for n in ("query", "key", "value")])
             # Dense weights are kept as (in, out), contiguous, for addmm: on the handful of tokens a lookup embeds
             # that is about 15% faster than F.linear on the checkpoint's (out, in) layout (one thread, 5 tokens).
+            # bf16 ones are prepacked for oneDNN where it can (`pack_bf16`).
             self.blocks.append((
                 dense(qkv_w), qkv_b,
                 dense(get(p + "attention.output.dense.weight")), get(p + "attention.output.dense.bias"),
@@ -234,7 +233,9 @@ class _Bert:
         segment = torch.repeat_interleave(torch.arange(len(seqs)), lengths)
         positions = torch.cat([torch.arange(int(n)) for n in lengths])
         ids = torch.tensor([t for s in seqs for t in s], dtype=torch.int64)
-        mask = (segment[:, None] == segment[None, :])[None] if len(seqs) > 1 else None
+        mask = None
+        if len(seqs) > 1:  # additive, (1, 1, T, T): 4-D inputs take torch's fused CPU attention, not the math one
+            mask = torch.zeros(1, 1, len(ids), len(ids)).masked_fill_(segment[:, None] != segment[None, :], -torch.inf)
         x = self._encode(self._embed(ids, positions), mask)
         total = torch.zeros(len(seqs), self.hidden, dtype=x.dtype, device=x.device)
         total.index_add_(0, segment.to(x.device), x)
@@ -255,7 +256,8 @@ class _Bert:
         return F.layer_norm(x, (self.hidden,), *self.emb_ln, eps=self.eps)
 
     def _encode(self, x: "torch.Tensor", mask: "torch.Tensor | None") -> "torch.Tensor":
-        """The encoder layers over packed tokens x (T, hidden); mask (1, T, T), True where a token may attend."""
+        """The encoder layers over packed tokens x (T, hidden); mask (1, 1, T, T), 0 where a token may attend and
+        -inf where not."""
         import torch.nn.functional as F
 
         length, d, h = x.shape[0], self.hidden, self.heads
@@ -263,8 +265,8 @@ class _Bert:
             mask = mask.to(x.device)
         linear = self._linear
         for qkv_w, qkv_b, o_w, o_b, ln1_w, ln1_b, i_w, i_b, f_w, f_b, ln2_w, ln2_b in self.blocks:
-            q, k, v = linear(x, qkv_w, qkv_b).view(length, 3, h, d // h).permute(1, 2, 0, 3)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(0, 1).reshape(length, d)
+            q, k, v = linear(x, qkv_w, qkv_b).view(1, length, 3, h, d // h).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)[0].transpose(0, 1).reshape(length, d)
             x = F.layer_norm(linear(a, o_w, o_b) + x, (d,), ln1_w, ln1_b, eps=self.eps)
             f = linear(self.act(linear(x, i_w, i_b)), f_w, f_b)
             x = F.layer_norm(f + x, (d,), ln2_w, ln2_b, eps=self.eps)
@@ -276,7 +278,7 @@ class _Bert:
 
         if w.dtype == x.dtype:
             return torch.addmm(b, x, w)
-        return torch.mm(x.to(w.dtype), w).float().add_(b)
+        return bf16_linear(x, w, b)
 
 
 class MiniLMEmbedder(Embedder):
