@@ -9,6 +9,7 @@ nothing; whether decisions move is `bench_hit_precision` / `fit_decision` with C
 
     python -m bench.bench_encoder_precision                     # VBench prompts and the seven style files
     python -m bench.bench_encoder_precision --threads 2 --repeat 5
+    python -m bench.bench_encoder_precision --no-prepack         # bf16 with plain matrices (no oneDNN prepacking)
 """
 from __future__ import annotations
 
@@ -54,11 +55,15 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-prepack", action="store_true", help="bf16 weights as plain matrices")
     args = parser.parse_args()
     import torch
 
+    from comfyui_chai.cache_store.entities.embedders import precision
     from comfyui_chai.cache_store.entities.embedders.minilm import MiniLMEmbedder
     from comfyui_chai.cache_store.entities.embedders.precision import native_bf16
+
+    precision.PREPACK = not args.no_prepack
     from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
     torch.set_num_threads(max(args.threads, 1))
@@ -88,7 +93,8 @@ def main() -> None:
                       f"{np.percentile(delta, 50):.1e} / {np.percentile(delta, 99.9):.1e} / {delta.max():.1e}",
                       f"{int(near.sum())}: {np.percentile(delta[near], 99.9) if near.any() else 0:.1e}"])
     print(f"MiniLM forward per prompt's identities, torch threads {torch.get_num_threads()}, {args.repeat} rounds, "
-          f"interleaved (ms); this CPU has native bf16: {native_bf16()}")
+          f"interleaved (ms); this CPU has native bf16: {native_bf16()}; bf16 weights prepacked: "
+          f"{berts['bfloat16'].blocks[0][0].is_mkldnn}")
     print(table(["prompts", "with entities", "tokens", "float32 p50 / p99", "bf16 p50 / p99",
                  "bf16 / float32 (median per prompt)"], rows))
     print("\nHow far bf16 moves the vectors (cosine to float32) and the similarities between phrases")
