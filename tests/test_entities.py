@@ -439,3 +439,19 @@ def test_a_colour_is_a_thing_only_when_it_names_one(extractor):
     assert "orange" in texts(extractor.extract("an orange on a wooden table"))
     long = ("a red ball bouncing across a sunny beach. " * 600)[:20_000]
     assert not [e for e in extractor.extract(long) if e.text in ("red", "blue", "green")]
+
+
+def test_lemma_index_as_sets_gives_the_same_lemmas(spacy_pipeline):
+    import spacy
+
+    words = ("The mice were running past three geese and two wolves; better leaves fell from the oldest trees, "
+             "a woman's dresses, axes, oxen, the cacti and buses, a flying fox, slept, swam, children, feet")
+    plain = spacy.load(spacy_pipeline, exclude=["ner"])
+    fast = load_pipeline(spacy_pipeline)
+    table = fast.get_pipe("lemmatizer").lookups.get_table("lemma_index")
+    assert table and all(isinstance(table[k], frozenset) for k in table.keys())
+    assert isinstance(next(iter(plain.get_pipe("lemmatizer").lookups.get_table("lemma_index").values())), list)
+    assert [t.lemma_ for t in fast(words)] == [t.lemma_ for t in plain(words)]
+    assert {"mouse", "wolf", "run", "child", "foot"} <= {t.lemma_ for t in fast(words)}
+    pipelines.index_as_sets(fast)  # twice is harmless
+    assert [t.lemma_ for t in fast(words)] == [t.lemma_ for t in plain(words)]
