@@ -61,11 +61,9 @@ def main() -> None:
 
     from comfyui_chai.cache_store.entities.embedders import precision
     from comfyui_chai.cache_store.entities.embedders.minilm import MiniLMEmbedder
-    from comfyui_chai.cache_store.entities.embedders.precision import native_bf16
-
-    precision.PREPACK = not args.no_prepack
     from comfyui_chai.cache_store.entities.extract import EntityExtractor
 
+    precision.PREPACK = not args.no_prepack
     torch.set_num_threads(max(args.threads, 1))
     sets = ({p: [p] for p in args.prompts} if args.prompts else
             {"VBench": [str(DEFAULT_PROMPTS)],
@@ -93,7 +91,7 @@ def main() -> None:
                       f"{np.percentile(delta, 50):.1e} / {np.percentile(delta, 99.9):.1e} / {delta.max():.1e}",
                       f"{int(near.sum())}: {np.percentile(delta[near], 99.9) if near.any() else 0:.1e}"])
     print(f"MiniLM forward per prompt's identities, torch threads {torch.get_num_threads()}, {args.repeat} rounds, "
-          f"interleaved (ms); this CPU has native bf16: {native_bf16()}; bf16 weights prepacked: "
+          f"interleaved (ms); this CPU has native bf16: {precision.native_bf16()}; bf16 weights prepacked: "
           f"{berts['bfloat16'].blocks[0][0].is_mkldnn}")
     print(table(["prompts", "with entities", "tokens", "float32 p50 / p99", "bf16 p50 / p99",
                  "bf16 / float32 (median per prompt)"], rows))

@@ -190,11 +190,9 @@ class _Bert:
                 raise EmbedError(f"{folder / 'model.safetensors'} lacks tensor {key!r}")
             return tensors[key].to(device=device, dtype=torch.float32)
 
-        if precision not in ("float32", "bfloat16"):
-            raise EmbedError(f"unsupported precision {precision!r}")
-        self.precision = precision
+        self.precision = precision  # 'float32' or 'bfloat16', as `resolve_precision` gives it
         # bf16 only in the dense products (fp32 accumulation); the residual stream, LayerNorm and attention stay
-        # float32, so the vectors agree with float32 ones to a cosine of about 0.99999.
+        # float32, so the vectors agree with float32 ones to a cosine of 0.9999 or better.
         def dense(w: "torch.Tensor") -> "torch.Tensor":
             return pack_bf16(w) if precision == "bfloat16" else w.t().contiguous()
 
