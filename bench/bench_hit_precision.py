@@ -43,19 +43,24 @@ def rules(ents, vec, whole, threshold: float):
     def core_sim(q, d):
         return float(vec[q.identity] @ vec[d.identity])
 
+    from comfyui_chai.cache_store.lookup import prompt_vector
     from comfyui_chai.cache_store.lookup.decision import default_decision, features, side_of
 
     model = default_decision()
 
-    def side(prompt: str):
+    def side(prompt: str, donor: bool = False):
         es = ents[prompt]
-        return side_of(es, [e.role for e in es], [vec[e.identity] for e in es])
+        # a donor's prompt vector as the lookup reads it back from the entry (float16 in its metadata)
+        whole_vector = prompt_vector.as_stored(whole[prompt]) if donor else None
+        return side_of(es, [e.role for e in es], [vec[e.identity] for e in es], whole_vector)
 
     def decided(p: Pair) -> bool:
         pack = entity_rule(HitRule(threshold), core_sim)
         if not pack(p) or model is None:
             return pack(p)
-        return model.probability(features(side(p.request), side(p.donor), HitRule(threshold))) >= model.threshold
+        donor = side(p.donor, donor=True)
+        deciding = model.for_donor(donor)
+        return deciding.probability(features(side(p.request), donor, HitRule(threshold))) >= deciding.threshold
 
     return {
         "pack + learned decision": decided,

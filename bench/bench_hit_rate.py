@@ -111,24 +111,30 @@ class Run:
 class Replayer:
     """Replays a prompt stream through a fresh CacheStore per setting."""
 
-    def __init__(self, work: Path, identity: str) -> None:
+    def __init__(self, work: Path, identity: str, prompt_vectors: dict[str, np.ndarray] | None = None) -> None:
         import torch
 
         self.work = work
         self.identity = identity
         self.latents = {name: torch.zeros(SHAPE) for name in LATENT_NAMES}
         self.count = 0
+        self.prompt_vectors = prompt_vectors or {}  # whole-prompt vectors, stored as ChaiCache.write stores them
 
-    def _pad_meta(self, prompt: str, ee) -> dict:
-        """Metadata that pads the encoded entry to ENTRY_BYTES (mirrors the record CacheStore.insert writes)."""
+    def _pad_meta(self, prompt: str, ee, matcher: str) -> dict:
+        """Metadata that pads the encoded entry to ENTRY_BYTES (mirrors the record CacheStore.insert writes), with
+        the prompt's vector where ChaiCache.write would add it (the entity matcher's entries)."""
         from comfyui_chai.cache_store import latents as lat
+        from comfyui_chai.cache_store.lookup import prompt_vector
 
+        extra: dict = {PAD_KEY: ""}
+        if matcher == "entity" and prompt in self.prompt_vectors:
+            extra = prompt_vector.with_prompt_vector(extra, self.prompt_vectors[prompt], ee.embedder)
         record = {"prompt": prompt, "fingerprint": FINGERPRINT, "shape": list(SHAPE), "dtype": "float32",
                   "sigmas": [float(s) for s in SIGMAS], "embedder": ee.embedder,
                   "entities": [{"text": e.text, "kind": e.kind, "role": e.role, "head": e.head, "core": e.core}
-                               for e in ee.entities], "extra": {PAD_KEY: ""}}
+                               for e in ee.entities], "extra": extra}
         size = len(lat.encode_entry(self.latents, ee.vectors, record))
-        return {PAD_KEY: "x" * max(ENTRY_BYTES - size, 0)}
+        return {**extra, PAD_KEY: "x" * max(ENTRY_BYTES - size, 0)}
 
     def replay(self, matcher: str, items: list, prompts: list[str], threshold: float, budget: float,
                n_warm: int, keep_matches: bool = False) -> Run:
@@ -147,7 +153,7 @@ class Replayer:
             if len(items[i]) == 0:
                 return
             res = store.insert(prompts[i], items[i], FINGERPRINT, self.latents, SIGMAS,
-                               meta=self._pad_meta(prompts[i], items[i]))
+                               meta=self._pad_meta(prompts[i], items[i], matcher))
             run.evicted += len(res.evicted)
             run.size_mismatch += res.nbytes != ENTRY_BYTES
 
@@ -392,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     items_nostop = [embedded(es) for es in ents_nostop]
 
     work = Path(tempfile.mkdtemp(prefix="chai-hitrate-"))
-    replayer = Replayer(work, embedder.identity)
+    replayer = Replayer(work, embedder.identity, prompt_vecs)
     real_fsync = os.fsync
     os.fsync = lambda fd: None  # type: ignore[assignment]  # durability is irrelevant to hit counts
     by_thr: dict = {}

@@ -395,6 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     from comfyui_chai.cache_store.entities.embedders import get_embedder
     from comfyui_chai.cache_store.entities.extract import EntityExtractor
     from comfyui_chai.cache_store.index.vector_index import VectorIndex
+    from comfyui_chai.cache_store.lookup import prompt_vector
     from comfyui_chai.cache_store.lookup.ranking import NEIGHBOURS
     from comfyui_chai.cache_store.folder.store import CacheStore
     from comfyui_chai.cache_store.lookup.rule import HitRule
@@ -453,8 +454,11 @@ def main(argv: list[str] | None = None) -> None:
         ents = tuple(pool[j] for j in ids)
         ee = EmbeddedEntities(ents, vectors[ids], embedder.identity)
         prompt = "a " + " with a ".join(e.text for e in ents)
+        # ChaiCache.write stores each entry's prompt vector; the made-up prompts take their entities' mean vector
+        # (the decision reads it like any other; embedding 100k made-up prompts would only cost the fill time)
+        meta = prompt_vector.with_prompt_vector(None, vectors[ids].mean(axis=0), embedder.identity)
         t0 = time.perf_counter()
-        store.insert(prompt, ee, FINGERPRINT, latents, SIGMAS)
+        store.insert(prompt, ee, FINGERPRINT, latents, SIGMAS, meta=meta)
         return time.perf_counter() - t0
 
     def insert_prompt(i: int) -> float:
@@ -462,8 +466,10 @@ def main(argv: list[str] | None = None) -> None:
         if not ents:
             return float("nan")
         ee = EmbeddedEntities(tuple(ents), embedder.embed([e.identity for e in ents]), embedder.identity)
+        prompt = prompts[i % len(prompts)]
+        meta = prompt_vector.with_prompt_vector(None, embedder.embed([prompt])[0], embedder.identity)
         t0 = time.perf_counter()
-        store.insert(prompts[i % len(prompts)], ee, FINGERPRINT, latents, SIGMAS)
+        store.insert(prompt, ee, FINGERPRINT, latents, SIGMAS, meta=meta)
         return time.perf_counter() - t0
 
     # --- inserts: probe with and without fsync, bulk fill, sample at full size

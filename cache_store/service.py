@@ -13,6 +13,7 @@ from . import arguments as args
 from .backend import CacheBackend
 from .config import DEFAULT_SERVER_TIMEOUT_S, StoreConfig
 from .errors import CacheError, CacheUnavailableError, CacheWriteError, ManifestError
+from .lookup import prompt_vector
 from .lookup.rule import HitRule
 from .lookup.stored_vectors import with_stored
 from .naming import cache_dir, encodable_text
@@ -147,6 +148,7 @@ class ChaiCache:
         fingerprint, latents = args.check_fingerprint(fingerprint), args.check_latents(latents)
         sigmas, shape, meta = args.check_sigmas(sigmas), args.check_optional_shape(shape), args.check_meta(meta)
         t0 = time.perf_counter()
+        meta = self._with_prompt_vector(prompt, entities, meta)
         try:
             result = self.store.insert(prompt, entities, fingerprint, latents, sigmas, shape=shape, meta=meta)
         except NothingToStoreError as exc:
@@ -158,6 +160,22 @@ class ChaiCache:
         evicted = f", evicted {len(result.evicted)}" if result.evicted else ""
         return WriteResult(True, f"stored entry {result.entry_id} ({result.nbytes / 1e6:.2f} MB{evicted})",
                            insert=result, timings={"write": time.perf_counter() - t0})
+
+    def _with_prompt_vector(self, prompt: str, entities: EmbeddedEntities,
+                            meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        """`meta` with the whole prompt's vector (`lookup.prompt_vector`, read by the hit decision) when this cache's
+        embedder made the entities; without it when the prompt cannot be embedded (the entry is still stored)."""
+        if len(entities) == 0 or not prompt.strip() or (meta and prompt_vector.KEY in meta):
+            return meta
+        try:
+            emb = self.embedder
+            if emb.identity != entities.embedder:
+                return meta
+            vector = emb.embed([prompt])[0]
+        except (RuntimeError, ValueError, OSError) as exc:  # EmbedError is a RuntimeError
+            log.debug("[CHAI] prompt vector not stored: %s", exc)
+            return meta
+        return prompt_vector.with_prompt_vector(meta, vector, emb.identity)
 
     def same_settings(self, *, budget_bytes: int | None, policy: str | None, embedder: Any,
                       spacy_pipeline: str | None, server: ServerURL | None = None, **_: Any) -> bool:

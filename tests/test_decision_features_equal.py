@@ -66,6 +66,8 @@ def numpy_features(request: Side, donor: Side, rule) -> dict[str, float]:
     out["scene_unanswered"] = float(len(here) > 0 and len(there) == 0)
     out["generic_unanswered"] = out["generic_person"] * out["scene_unanswered"]
     out["bag_sim"] = float(_unit(request.vectors.mean(axis=0)) @ _unit(donor.vectors.mean(axis=0)))
+    if donor.prompt is not None:
+        out["donor_prompt_best"] = float((request.vectors @ donor.prompt).max())
     return out
 
 
@@ -86,7 +88,11 @@ def random_side(rng: random.Random, base: np.ndarray) -> Side:
         v = base[HEADS.index(head)] + 0.35 * np.asarray([rng.gauss(0, 1) for _ in range(base.shape[1])])
         vecs.append(v / np.linalg.norm(v))
     vectors = np.asarray(vecs, dtype=np.float32).reshape(len(ents), base.shape[1])
-    return side_of(ents, [e.role for e in ents], vectors)
+    prompt = None
+    if ents and rng.random() < 0.5:  # entries written with their prompt's vector, and older ones without
+        whole = vectors.sum(axis=0) + 0.5 * np.asarray([rng.gauss(0, 1) for _ in range(base.shape[1])])
+        prompt = (whole / np.linalg.norm(whole)).astype(np.float32)
+    return side_of(ents, [e.role for e in ents], vectors, prompt)
 
 
 @pytest.mark.parametrize("threshold", [0.5, 0.65, 0.8])

@@ -29,9 +29,14 @@ what the two prompts share, from the entities and vectors the store already keep
                  only: the store reads a donor's entities in entity-id order, not in its prompt's
   scene_unanswered  the request names a scene and the donor none; generic_unanswered: that, with the best pair
                  a generically named person (a girl borrowing from another girl somewhere else)
+  donor_prompt_best  best similarity of a request entity to the donor's whole prompt (its vector embedded when
+                 the entry was written, `prompt_vector`): how much what the request names is what the donor is
+                 about, not a backdrop of it; 0 when the entry has no prompt vector (then `fallback` decides)
 
 The weights, the features used and the acceptance threshold were fitted to labelled pairs and chosen by
-leave-one-style-out cross-validation (`python -m bench.fit_decision`, which writes data/decision.json).
+leave-one-style-out cross-validation (`python -m bench.fit_decision`, which writes data/decision.json). The file
+holds two models: one that reads the donor's prompt vector, and its `fallback`, fitted without it, for entries
+written before prompt vectors were stored.
 """
 from __future__ import annotations
 
@@ -53,16 +58,19 @@ FEATURES = ("main_sim", "scene_sim", "cross_sim", "secondary_sim", "context_sim"
             "same_head", "compound_differs", "generic_person", "n_request", "n_donor", "main_missing",
             "donor_main_missing", "primary_missing", "donor_primary_missing",
             "primary_best", "donor_primary_best", "missing_x_length", "scene_primary", "scene_backdrop",
-            "subjects_differ", "scene_unanswered", "generic_unanswered")
+            "subjects_differ", "scene_unanswered", "generic_unanswered", "donor_prompt_best")
+PROMPT_FEATURES = frozenset({"donor_prompt_best"})  # need the donor's prompt vector
 
 
 @dataclass(frozen=True)
 class Side:
-    """One prompt's entities (objects with text, kind, head, identity), their roles and identity vectors."""
+    """One prompt's entities (objects with text, kind, head, identity), their roles and identity vectors, and the
+    unit vector of the whole prompt where the store keeps one (donors written with it)."""
 
     entities: tuple[Any, ...]
     roles: tuple[str, ...]
     vectors: np.ndarray
+    prompt: np.ndarray | None = None
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -136,6 +144,8 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
     out["scene_unanswered"] = float(bool(here) and not there)
     out["generic_unanswered"] = out["generic_person"] * out["scene_unanswered"]
     out["bag_sim"] = float(_unit(request.vectors.mean(axis=0)) @ _unit(donor.vectors.mean(axis=0)))
+    if donor.prompt is not None:
+        out["donor_prompt_best"] = float(np.max(request.vectors @ donor.prompt))
     return out
 
 
@@ -147,6 +157,7 @@ class DecisionModel:
     bias: float
     threshold: float
     embedder: str = ""  # the embedder prefix the model was fitted with; other embedders skip the model
+    fallback: "DecisionModel | None" = None  # decides donors without a prompt vector when this model reads one
 
     def __post_init__(self) -> None:
         unknown = set(self.weights) - set(FEATURES)
@@ -154,6 +165,19 @@ class DecisionModel:
             raise ValueError(f"decision model: unknown features {sorted(unknown)}; known: {FEATURES}")
         if not 0.0 <= self.threshold <= 1.0:
             raise ValueError(f"decision model: threshold must lie in [0, 1], got {self.threshold!r}")
+        if self.fallback is not None and self.fallback.reads_prompt:
+            raise ValueError("decision model: the fallback must not read the donor's prompt vector")
+
+    @property
+    def reads_prompt(self) -> bool:
+        """Whether the model reads the donor's prompt vector."""
+        return any(w and name in PROMPT_FEATURES for name, w in self.weights.items())
+
+    def for_donor(self, donor: Side) -> "DecisionModel":
+        """The model that decides this donor: the fallback when the model needs a prompt vector the donor lacks."""
+        if donor.prompt is None and self.reads_prompt and self.fallback is not None:
+            return self.fallback
+        return self
 
     def applies_to(self, embedder: str) -> bool:
         """Whether vectors of this embedder are what the model was fitted on."""
@@ -166,14 +190,19 @@ class DecisionModel:
 
     def to_json(self) -> dict[str, Any]:
         """The model as the data file holds it."""
-        return {"weights": self.weights, "bias": self.bias, "threshold": self.threshold, "embedder": self.embedder}
+        out: dict[str, Any] = {"weights": self.weights, "bias": self.bias, "threshold": self.threshold,
+                               "embedder": self.embedder}
+        if self.fallback is not None:
+            out["fallback"] = self.fallback.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "DecisionModel":
         """Read the data file's form; ValueError naming what is wrong."""
         try:
+            fallback = cls.from_json(data["fallback"]) if data.get("fallback") is not None else None
             return cls({str(k): float(v) for k, v in data["weights"].items()}, float(data["bias"]),
-                       float(data["threshold"]), str(data.get("embedder", "")))
+                       float(data["threshold"]), str(data.get("embedder", "")), fallback)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"decision model file is malformed: {exc!r}") from exc
 
@@ -186,10 +215,12 @@ def default_decision() -> DecisionModel | None:
     return DecisionModel.from_json(json.loads(DECISION_FILE.read_text(encoding="utf-8")))
 
 
-def side_of(entities: Sequence[Any], roles: Sequence[str], vectors: Any) -> Side:
-    """A `Side` from parallel sequences."""
+def side_of(entities: Sequence[Any], roles: Sequence[str], vectors: Any, prompt: Any = None) -> Side:
+    """A `Side` from parallel sequences (and the prompt's unit vector, where known)."""
     array = np.asarray(vectors, dtype=np.float32)
-    return Side(tuple(entities), tuple(roles), array.reshape(len(entities), -1) if len(entities) else array)
+    whole = None if prompt is None else np.asarray(prompt, dtype=np.float32).reshape(-1)
+    return Side(tuple(entities), tuple(roles), array.reshape(len(entities), -1) if len(entities) else array, whole)
 
 
-__all__ = ["CONTEXT_WEIGHT", "DecisionModel", "FEATURES", "Side", "default_decision", "features", "side_of"]
+__all__ = ["CONTEXT_WEIGHT", "DecisionModel", "FEATURES", "PROMPT_FEATURES", "Side", "default_decision", "features",
+           "side_of"]

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..entities.roles import SCENE
 from ..types import EmbeddedEntities, Match, shape_key
+from . import prompt_vector
 from .decision import features, side_of
 from .rule import HitRule, IdentityFilter, SceneKeys, matched_role
 
@@ -185,14 +186,20 @@ def same_prompt_first(manifest: Any, prompt: str, candidates: list[int]) -> list
     return first + [c for c in candidates if c not in first]
 
 
-def donor_side(manifest: Any, entry_id: int, dim: int) -> Any:
-    """A stored entry's entities, roles and vectors, as the decision reads them (`decision.Side`)."""
+def donor_side(manifest: Any, entry_id: int, dim: int, embedder: str | None = None) -> Any:
+    """A stored entry's entities, roles and vectors, as the decision reads them (`decision.Side`), with its prompt
+    vector when `embedder` is given and the entry keeps one of that embedder."""
     rows = manifest.query("SELECT e.text, e.kind, e.head, e.core, e.vector, p.role FROM postings p JOIN entities e "
                           "ON e.id = p.entity_id WHERE p.entry_id = ? ORDER BY e.id", (entry_id,))
     rows = [r for r in rows if r[4] is not None and len(bytes(r[4])) == 4 * dim]
     ents = [StoredEntity(text, kind, head or text.rsplit(" ", 1)[-1], core) for text, kind, head, core, _, _ in rows]
     vectors = [np.frombuffer(bytes(r[4]), dtype=np.float32) for r in rows]
-    return side_of(ents, [r[5] for r in rows], np.stack(vectors) if vectors else np.zeros((0, dim), np.float32))
+    prompt = None
+    if embedder is not None:
+        meta = manifest.query("SELECT meta FROM entries WHERE id = ?", (entry_id,))
+        prompt = prompt_vector.decoded(meta[0][0], embedder, dim) if meta else None
+    return side_of(ents, [r[5] for r in rows], np.stack(vectors) if vectors else np.zeros((0, dim), np.float32),
+                   prompt)
 
 
 def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rule: HitRule,
@@ -208,14 +215,20 @@ def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rul
     request = side_of(entities.entities, [e.role for e in entities.entities], entities.vectors)
     best = -1.0
     for entry_id in candidates:
-        values = features(request, donor_side(manifest, entry_id, entities.vectors.shape[1]), rule)
-        p = model.probability(values)
-        if p >= model.threshold:
+        donor = donor_side(manifest, entry_id, entities.vectors.shape[1],
+                           entities.embedder if model.reads_prompt else None)
+        deciding = model.for_donor(donor)
+        values = features(request, donor, rule)
+        p = deciding.probability(values)
+        if p >= deciding.threshold:
             yield entry_id
         elif p > best:
             best = p
             refusal[:] = [f"the entries that share entities were refused by the hit decision (best p {p:.2f} < "
-                          f"{model.threshold:.2f}: {explain(values)})"]
+                          f"{deciding.threshold:.2f}: {explain(values)})"]
+
+
+BACKDROP = 0.5  # a request entity this far from the donor's whole prompt is at most a backdrop of it
 
 
 def explain(values: dict[str, float]) -> str:
@@ -229,6 +242,9 @@ def explain(values: dict[str, float]) -> str:
         why.append("another scene")
     if values.get("context_sim", 1.0) < 0.6:
         why.append(f"different surroundings (in-context similarity {values['context_sim']:.2f})")
+    if 0.0 < values.get("donor_prompt_best", 0.0) < BACKDROP:
+        why.append(f"what the request names is not what the donor is about (prompt similarity "
+                   f"{values['donor_prompt_best']:.2f})")
     return "; ".join(why) or "too little shared"
 
 

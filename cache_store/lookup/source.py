@@ -11,9 +11,10 @@ The SQL contract. The ranking (lookup/ranking.py) runs plain SQL on `LookupSourc
 - `WITH ... AS (VALUES (?,?,?), ...)` common table expressions, `EXISTS` subqueries, `GROUP BY`, `LIMIT ?`;
 - tables and the columns read:
   `groups(id, fingerprint, shape)`: one row per (model fingerprint, `types.shape_key` of the latent shape);
-  `entries(id, prompt, fingerprint, shape)`; `entities(id, text, kind, head, core, vector)`, `id` being the label the
-  entity has in the vector index and `vector` its float32 bytes (read by the decision and `stored_vectors`; an
-  index on `(core, head)` keeps the identity queries and the ranking's identity join fast);
+  `entries(id, prompt, fingerprint, shape, meta)`, `meta` the entry's JSON metadata (the decision reads the
+  donor's prompt vector there: `lookup.prompt_vector`); `entities(id, text, kind, head, core, vector)`, `id` being
+  the label the entity has in the vector index and `vector` its float32 bytes (read by the decision and
+  `stored_vectors`; an index on `(core, head)` keeps the identity queries and the ranking's identity join fast);
   `postings(group_id, entity_id, entry_id, role)`, one row per entity of an entry, `role` one of
   `entities.roles.ROLES`; `WITH ... UNION ALL ...` and `||` string concatenation.
 
