@@ -238,6 +238,7 @@ def selection_key(rows: list[tuple[str, int, int, float, float, float, float]]) 
 
 CRITERIA = ("precision-first", "worst-style")
 CRITERION = "precision-first"
+PREVIOUS = ("sims+primary+length+scene+unanswered", "worst-style")  # the decision before the prompt vector
 
 
 def choose_threshold(prob: np.ndarray, gate: np.ndarray, labels: np.ndarray, styles: np.ndarray) -> float:
@@ -326,13 +327,18 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
         # The same, thresholded per held-out style at the decision's recall there with that style's own labels:
         # an oracle in the baseline's favour, so the difference is the ranking's, not the operating point's.
         variants["without it, at the decision's recall (oracle)"] = (t, without_prompt)
+        # What shipped before the prompt vector (issue 25's sixth to tenth passes): its features, worst-style thresholds.
+        variants[f"before it: {PREVIOUS[0]!r}, {PREVIOUS[1]} thresholds"] = (t, columns(FEATURE_SETS[PREVIOUS[0]]))
     variants["+ mention windows"] = (t, cols + [t.xs[floor].shape[1] - 2, t.xs[floor].shape[1] - 1])
     variants["without the scene rule"] = (replace(t, gates=t.free), cols)
     accepted: dict[str, np.ndarray] = {}
     per: dict[str, dict[str, tuple]] = {}
+    global CRITERION
+    shipped_criterion = CRITERION
     for label, (table_, cols) in variants.items():
         accepted[label] = np.zeros(len(t.pairs), bool)
         per[label] = {}
+        CRITERION = PREVIOUS[1] if label.startswith("before it") else shipped_criterion
         for style in sorted(set(t.styles)):
             rows = t.styles == style
             _, _, thr, prob = fit_and_threshold(table_, ~rows, cols, floor)
@@ -345,6 +351,7 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
             accepted[label] |= rows & table_.gates[floor] & (prob >= thr)
             pm, pa, rec, n = rates(accepted[label][rows], t.labels[rows])
             per[label][style] = (n, pm, pa, rec)
+    CRITERION = shipped_criterion
     cell = "{}: {:.3f} / {:.3f} / {:.3f}"
     out = [[style] + [cell.format(*per[v][style]) for v in variants]
            + [f"{t.gates[floor][(t.styles == style) & (t.labels == 2)].mean():.3f} / "
@@ -374,8 +381,8 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
             point = [a - b for a, b in zip(rates(accepted[v][held], t.labels[held])[:3],
                                            rates(accepted["decision"][held], t.labels[held])[:3])]
             intervals.append([group, v] + [f"{p:+.3f} [{a:+.3f}, {b:+.3f}]" for p, a, b in zip(point, lo, hi)])
-    print(f"\nthe decision with features {name!r} and two changes, held out in turn (accepted: precision main / "
-          "any / recall (2)); the rule alone proposes, of the pairs "
+    print(f"\nthe decision with features {name!r} beside changes it does not make, held out in turn (accepted: "
+          "precision main / any / recall (2)); the rule alone proposes, of the pairs "
           "labelled 2, with / without the scene rule:")
     print(table(["style"] + list(variants) + ["the rule's recall ceiling"], out))
     print(f"\neach change against the decision ({name!r}), pooled (95% bootstrap interval, {rounds} rounds):")
