@@ -60,7 +60,7 @@ def rules(ents, vec, whole, threshold: float):
             return pack(p)
         donor = side(p.donor, donor=True)
         deciding = model.for_donor(donor)
-        return deciding.probability(features(side(p.request), donor, HitRule(threshold))) >= deciding.threshold
+        return deciding.accepts(features(side(p.request), donor, HitRule(threshold)))
 
     return {
         "pack + learned decision": decided,

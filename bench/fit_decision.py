@@ -293,13 +293,23 @@ def fit_and_threshold(t: Table, train: np.ndarray, cols: list[int], floor: float
     return w, b, thr, prob
 
 
+def setting_rule(t: Table, floor: float) -> np.ndarray:
+    """Per pair, whether the decision accepts it whatever its model says (`decision.setting_shared`: one thing in
+    one place on both sides, the request's first-named scene matched); the gate still applies."""
+    from comfyui_chai.cache_store.lookup.decision import FEATURES, setting_shared
+
+    n = len(FEATURES)
+    return np.array([setting_shared(dict(zip(FEATURES, row[:n]))) for row in t.xs[floor]], dtype=bool)
+
+
 def loso(t: Table, cols: list[int], floor: float) -> list[tuple[str, int, int, float, float, float, float]]:
     """Per held-out style: (style, pairs, accepted, precision main, precision any, recall, threshold)."""
     out = []
+    rule = setting_rule(t, floor)
     for style in sorted(set(t.styles)):
         held = t.styles == style
         _, _, thr, prob = fit_and_threshold(t, ~held, cols, floor)
-        accepted = t.gates[floor][held] & (prob[held] >= thr)
+        accepted = t.gates[floor][held] & ((prob[held] >= thr) | rule[held])
         pm, pa, rec, n = rates(accepted, t.labels[held])
         out.append((style, int(held.sum()), n, pm, pa, rec, thr))
     return out
@@ -335,6 +345,7 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
     per: dict[str, dict[str, tuple]] = {}
     global CRITERION
     shipped_criterion = CRITERION
+    rule = setting_rule(t, floor)
     for label, (table_, cols) in variants.items():
         accepted[label] = np.zeros(len(t.pairs), bool)
         per[label] = {}
@@ -346,9 +357,11 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
                 want, thr = per["decision"][style][3], 2.0
                 for cut in (np.sort(np.unique(prob[rows & table_.gates[floor]]))[::-1] if want > 0 else ()):
                     thr = float(cut)
-                    if rates((table_.gates[floor] & (prob >= cut))[rows], t.labels[rows])[2] >= want:
+                    if rates((table_.gates[floor] & ((prob >= cut) | rule))[rows], t.labels[rows])[2] >= want:
                         break
-            accepted[label] |= rows & table_.gates[floor] & (prob >= thr)
+            # the setting rule came with the prompt vector: the decision before it did without
+            ruled = rule if not label.startswith("before it") else np.zeros_like(rule)
+            accepted[label] |= rows & table_.gates[floor] & ((prob >= thr) | ruled)
             pm, pa, rec, n = rates(accepted[label][rows], t.labels[rows])
             per[label][style] = (n, pm, pa, rec)
     CRITERION = shipped_criterion
@@ -472,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     def fitted(set_name: str) -> DecisionModel:
         cols = columns(FEATURE_SETS[set_name])
         w, b, thr, prob = fit_and_threshold(t, np.ones(len(t.pairs), bool), cols, floor)
-        pm, pa, rec, n = rates(t.gates[floor] & (prob >= thr), t.labels)
+        pm, pa, rec, n = rates(t.gates[floor] & ((prob >= thr) | setting_rule(t, floor)), t.labels)
         print(f"\n{set_name!r} fitted on all {len(t.pairs)} pairs: threshold {thr:.2f}, in-sample precision main "
               f"{pm:.3f}, any {pa:.3f}, recall {rec:.3f} ({n} accepted)")
         return DecisionModel({FEATURES[c]: round(float(v), 6) for c, v in zip(cols, w)}, round(b, 6), thr, prefix)

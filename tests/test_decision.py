@@ -101,9 +101,10 @@ def test_the_store_asks_the_decision_and_a_refusal_is_a_miss_that_says_why(opene
     horse, shore = Entity("white horse", "object", "horse", "main"), Entity("shore", "scene", "shore", "scene")
     bear = Entity("bear", "object", "bear", "main")
     strict = DecisionModel({"primary_missing": -10.0}, 5.0, 0.5, "all-MiniLM-L6-v2@")
+    rope = Entity("rope", "object", "rope", "secondary")  # three things: the model decides, not the setting rule
     with opener("c", StoreConfig(10**9)) as s:
         s.insert("a bear on the shore", _embedded(MINILM_LIKE, bear, shore), FP, latents(1), SIGMAS)
-        request = _embedded(MINILM_LIKE, horse, shore)
+        request = _embedded(MINILM_LIKE, horse, shore, rope)
         refused = s.lookup(request, FP, SHAPE, HitRule(0.8, decision=strict))
         assert not refused.hit and "refused by the hit decision" in refused.reason
         assert "main subject is not in them" in refused.reason

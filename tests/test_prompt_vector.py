@@ -83,8 +83,9 @@ def test_the_shipped_model_reads_the_prompt_vector_and_its_fallback_does_not():
 
 
 def test_the_store_decides_with_the_donors_prompt_vector_and_without_it_by_the_fallback(opener):
-    # Two donors share the request's beach; only one of them is about the request's dog.
-    request = _embedded(MINILM_LIKE, DOG, BEACH)
+    # Two donors share the request's beach; only one of them is about the request's dog. The request names three
+    # things, so the model decides (not the setting rule, tested below).
+    request = _embedded(MINILM_LIKE, DOG, BEACH, Entity("ball", "object", "ball", "secondary"))
     fallback_refuses = DecisionModel({"main_sim": 1.0}, -50.0, 0.5, "all-MiniLM-L6-v2@")
     model = DecisionModel({"donor_prompt_best": 40.0}, -30.0, 0.5, "all-MiniLM-L6-v2@", fallback_refuses)
     rule = HitRule(0.8, decision=model)
@@ -150,3 +151,21 @@ def test_a_prompt_that_cannot_be_embedded_is_stored_without_a_vector(tmp_path):
     row = sqlite3.connect(tmp_path / "c" / "manifest.sqlite").execute("SELECT meta FROM entries").fetchone()
     assert prompt_vector.KEY not in json.loads(row[0])
     cache.close()
+
+
+def test_one_thing_in_one_place_on_both_sides_shares_the_setting_whatever_the_model_says(opener):
+    # The quality lab's restart relation: a red ball on a beach serves a blue kite on a beach.
+    refuse_all = DecisionModel({"main_sim": 1.0}, -50.0, 0.5, "all-MiniLM-L6-v2@")
+    rule = HitRule(0.8, decision=refuse_all)
+    kite = Entity("blue kite", "object", "kite", "main")
+    with opener("c", StoreConfig(10**9)) as s:
+        s.insert("a red ball bouncing across a beach", _embedded(MINILM_LIKE, Entity("red ball", "object", "ball",
+                                                                                      "main"), BEACH),
+                 FP, latents(1), SIGMAS)
+        assert s.lookup(_embedded(MINILM_LIKE, kite, BEACH), FP, SHAPE, rule).hit
+        three = _embedded(MINILM_LIKE, kite, BEACH, Entity("rope", "object", "rope", "secondary"))
+        assert not s.lookup(three, FP, SHAPE, rule).hit  # three things: the model decides, and refuses
+    values = features(side_of((kite, BEACH), ("main", "scene"), np.stack([vector("kite"), vector("beach")])),
+                      side_of((GULL, BEACH), ("main", "scene"), np.stack([vector("gull"), vector("beach")])),
+                      HitRule(0.65))
+    assert refuse_all.accepts(values) and not refuse_all.accepts({**values, "scene_primary": 0.0})

@@ -9,7 +9,7 @@ import numpy as np
 from ..entities.roles import SCENE
 from ..types import EmbeddedEntities, Match, shape_key
 from . import prompt_vector
-from .decision import features, side_of
+from .decision import features, setting_shared, side_of
 from .rule import HitRule, IdentityFilter, SceneKeys, matched_role
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
@@ -220,7 +220,7 @@ def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rul
         deciding = model.for_donor(donor)
         values = features(request, donor, rule)
         p = deciding.probability(values)
-        if p >= deciding.threshold:
+        if p >= deciding.threshold or setting_shared(values):
             yield entry_id
         elif p > best:
             best = p
