@@ -111,8 +111,7 @@ def build(pairs: list[Pair], identity_threshold: float | None = None) -> Table:
     if unaligned:
         raise RuntimeError(f"mention windows do not follow the extractor's entities for {unaligned[0]!r}")
     texts = sorted({w for ws in windows.values() for w in ws})
-    embedder = get_embedder("minilm")
-    window_vec = dict(zip(texts, embedder.embed(texts))) if texts else {}
+    window_vec = dict(zip(texts, get_embedder("minilm").embed(texts))) if texts else {}
 
     def side(prompt: str, donor: bool = False):
         es = ents[prompt]
@@ -241,8 +240,9 @@ CRITERION = "precision-first"
 PREVIOUS = ("sims+primary+length+scene+unanswered", "worst-style")  # the decision before the prompt vector
 
 
-def choose_threshold(prob: np.ndarray, gate: np.ndarray, labels: np.ndarray, styles: np.ndarray) -> float:
-    """The acceptance threshold on the styles given, by `CRITERION`. Styles the gate proposes fewer than
+def choose_threshold(prob: np.ndarray, gate: np.ndarray, labels: np.ndarray, styles: np.ndarray,
+                     criterion: str | None = None) -> float:
+    """The acceptance threshold on the styles given, by `criterion` (default `CRITERION`). Styles the gate proposes fewer than
     `MIN_STYLE_PROPOSED` pairs of (other languages, a clean miss) do not vote.
 
     precision-first (issue 25's eleventh pass): the highest style-mean recall among the thresholds whose
@@ -256,7 +256,7 @@ def choose_threshold(prob: np.ndarray, gate: np.ndarray, labels: np.ndarray, sty
     for t in GRID:
         accepted = gate & (prob >= t)
         per = [rates(accepted[styles == st], labels[styles == st]) for st in voters]
-        if CRITERION == "precision-first":
+        if (criterion or CRITERION) == "precision-first":
             some = [r for r in per if r[3]]  # a style with nothing accepted has no precision
             near = (min(float(np.mean([r[0] for r in some])) / TARGET_MAIN,
                         float(np.mean([r[1] for r in some])) / TARGET_ANY, 1.0) if some else 0.0)
@@ -280,8 +280,9 @@ def columns(names: tuple[str, ...] | str | None) -> list[int]:
     return list(range(len(FEATURES))) if names is None else [FEATURES.index(n) for n in names]
 
 
-def fit_and_threshold(t: Table, train: np.ndarray, cols: list[int], floor: float):
-    """Weights, bias and threshold fitted on the `train` pairs the gate proposes."""
+def fit_and_threshold(t: Table, train: np.ndarray, cols: list[int], floor: float, criterion: str | None = None):
+    """Weights, bias and threshold (by `criterion`, default `CRITERION`) fitted on the `train` pairs the gate
+    proposes."""
     gate, x = t.gates[floor], t.xs[floor][:, cols]
     fit_rows = train & gate
     # Each style weighs the same, whatever its number of pairs: VBench must not set the boundary alone.
@@ -289,7 +290,7 @@ def fit_and_threshold(t: Table, train: np.ndarray, cols: list[int], floor: float
     weight = np.array([1.0 / count[st] for st in t.styles[fit_rows]])
     w, b = fit_logistic(x[fit_rows], (t.labels[fit_rows] == 2).astype(float), weight)
     prob = 1.0 / (1.0 + np.exp(-(x @ w + b)))
-    thr = choose_threshold(prob[train], gate[train], t.labels[train], t.styles[train])
+    thr = choose_threshold(prob[train], gate[train], t.labels[train], t.styles[train], criterion)
     return w, b, thr, prob
 
 
@@ -343,16 +344,14 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
     variants["without the scene rule"] = (replace(t, gates=t.free), cols)
     accepted: dict[str, np.ndarray] = {}
     per: dict[str, dict[str, tuple]] = {}
-    global CRITERION
-    shipped_criterion = CRITERION
     rule = setting_rule(t, floor)
     for label, (table_, cols) in variants.items():
         accepted[label] = np.zeros(len(t.pairs), bool)
         per[label] = {}
-        CRITERION = PREVIOUS[1] if label.startswith("before it") else shipped_criterion
+        before = label.startswith("before it")
         for style in sorted(set(t.styles)):
             rows = t.styles == style
-            _, _, thr, prob = fit_and_threshold(table_, ~rows, cols, floor)
+            _, _, thr, prob = fit_and_threshold(table_, ~rows, cols, floor, PREVIOUS[1] if before else None)
             if label.endswith("(oracle)") and not np.isnan(per["decision"][style][3]):
                 want, thr = per["decision"][style][3], 2.0
                 for cut in (np.sort(np.unique(prob[rows & table_.gates[floor]]))[::-1] if want > 0 else ()):
@@ -360,11 +359,10 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
                     if rates((table_.gates[floor] & ((prob >= cut) | rule))[rows], t.labels[rows])[2] >= want:
                         break
             # the setting rule came with the prompt vector: the decision before it did without
-            ruled = rule if not label.startswith("before it") else np.zeros_like(rule)
+            ruled = np.zeros_like(rule) if before else rule
             accepted[label] |= rows & table_.gates[floor] & ((prob >= thr) | ruled)
             pm, pa, rec, n = rates(accepted[label][rows], t.labels[rows])
             per[label][style] = (n, pm, pa, rec)
-    CRITERION = shipped_criterion
     cell = "{}: {:.3f} / {:.3f} / {:.3f}"
     out = [[style] + [cell.format(*per[v][style]) for v in variants]
            + [f"{t.gates[floor][(t.styles == style) & (t.labels == 2)].mean():.3f} / "
@@ -413,11 +411,11 @@ def held_out_table(t: Table, title: str, floor: float, rows: list) -> None:
                     f"{rn}: {rm:.3f} / {ra:.3f} / {rr:.3f}"])
     for group, members in (("pooled: seven new styles", set(NEW_STYLES)),
                            ("pooled: issue-11 styles", set(t.styles) - set(NEW_STYLES))):
-        counts = [(r[2], r[3], r[4], r[5], int((t.styles == r[0]).sum()), r[0]) for r in rows if r[0] in members]
+        counts = [(a, pm, pa) for s, _, a, pm, pa, _, _ in rows if s in members]  # accepted, precisions
         held = np.isin(t.styles, list(members))
-        accepted = sum(c[0] for c in counts)
-        good = sum(0 if np.isnan(c[1]) else round(c[1] * c[0]) for c in counts)
-        visible = sum(0 if np.isnan(c[2]) else round(c[2] * c[0]) for c in counts)
+        accepted = sum(a for a, _, _ in counts)
+        good = sum(round(pm * a) for a, pm, _ in counts if a)
+        visible = sum(round(pa * a) for a, _, pa in counts if a)
         label2 = int((t.labels[held] == 2).sum())
         out.append([group, int(held.sum()), accepted, f"{good / max(accepted, 1):.3f}",
                     f"{visible / max(accepted, 1):.3f}", f"{good / max(label2, 1):.3f}", "", ""])

@@ -9,7 +9,7 @@ import numpy as np
 from ..entities.roles import SCENE
 from ..types import EmbeddedEntities, Match, shape_key
 from . import prompt_vector
-from .decision import features, setting_shared, side_of
+from .decision import features, side_of
 from .rule import HitRule, IdentityFilter, SceneKeys, matched_role
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
@@ -219,10 +219,11 @@ def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rul
                            entities.embedder if model.reads_prompt else None)
         deciding = model.for_donor(donor)
         values = features(request, donor, rule)
-        p = deciding.probability(values)
-        if p >= deciding.threshold or setting_shared(values):
+        if deciding.accepts(values):
             yield entry_id
-        elif p > best:
+            continue
+        p = deciding.probability(values)
+        if p > best:
             best = p
             refusal[:] = [f"the entries that share entities were refused by the hit decision (best p {p:.2f} < "
                           f"{deciding.threshold:.2f}: {explain(values)})"]
