@@ -136,7 +136,9 @@ def test_held_postings_are_refetched_after_many_additions(opener, monkeypatch):
         for i in range(5):
             newest = s.insert(f"a lion {i}", lion, FP, latents(i), SIGMAS).entry_id
             assert answer(s, lion, held)[1] == newest
-        assert held.fetches == 2 and held.appended == 3  # fetched, 3 added, then fetched afresh
+        # read at the first fill with every other posting, 3 added, then fetched afresh (one identity: a drop does
+        # not read everything again)
+        assert held.primed == 1 and held.fetches == 1 and held.appended == 3
 
 
 def test_a_lower_id_committed_after_a_higher_one_is_not_missed(opener, monkeypatch):
@@ -220,3 +222,39 @@ def test_the_order_is_the_sql_order(seed):
         score[e] = (count + 1, total + s)
     expected = sorted(score, key=lambda e: (-score[e][0], -score[e][1], -e))
     assert _ordered(entry, q, sim).tolist() == expected
+
+
+def test_a_first_fill_reads_every_posting_at_once_and_ranks_as_the_sql_does(opener):
+    rng = random.Random(11)
+    with opener() as s:
+        for i in range(40):
+            s.insert(f"entry {i}", prompt_entities(rng), OTHER_FP if i % 5 == 0 else FP, latents(i), SIGMAS)
+        primed, by_identity = PostingCache(), PostingCache(prime=False)
+        requests = [prompt_entities(rng) for _ in range(30)]
+        for request in requests:
+            for scenes_too in (False, True):
+                assert ranked(s, request, primed, scenes_too) == ranked(s, request, None, scenes_too) \
+                    == ranked(s, request, by_identity, scenes_too)
+            assert answer(s, request, primed) == answer(s, request, None) == answer(s, request, by_identity)
+        # every identity of both groups came in the one read; none was fetched after it
+        assert primed.fetches == 0 and primed.primed > len({(h, c) for _, _, h, c in VOCAB})
+        assert primed.prime_seconds > 0 and by_identity.primed == 0 and by_identity.fetches > 0
+        assert primed._size == s.db.query("SELECT COUNT(*) FROM postings")[0][0]
+        s.insert("a lion later", prompt_entities(rng), FP, latents(99), SIGMAS)
+        lion = EmbeddedEntities((Entity("lion", "object", "lion", MAIN),), vector("lion")[None], EMBEDDER)
+        assert answer(s, lion, primed) == answer(s, lion, None)  # what came after the read is added as before
+        assert primed.fetches == 0 and primed.appended == 1
+
+
+def test_no_first_fill_read_when_the_postings_would_take_over_half_the_bound(opener):
+    rng = random.Random(12)
+    with opener() as s:
+        for i in range(10):
+            s.insert(f"entry {i}", prompt_entities(rng), FP, latents(i), SIGMAS)
+        total = s.db.query("SELECT COUNT(*) FROM postings")[0][0]
+        small = PostingCache(max_postings=2 * total - 2)  # half the bound is one posting short
+        request = prompt_entities(rng)
+        assert answer(s, request, small) == answer(s, request, None)
+        assert small.primed == 0 and not small.prime  # tried once, read nothing, fetched as before
+        fits = PostingCache(max_postings=2 * total)
+        assert answer(s, request, fits) == answer(s, request, None) and fits.primed > 0 and fits.fetches == 0
