@@ -235,35 +235,60 @@ def selection_key(rows: list[tuple[str, int, int, float, float, float, float]]) 
     return sum(m >= 1.0 for m in merits), round(float(np.mean(merits)), 3)
 
 
-CRITERIA = ("precision-first", "worst-style")
-CRITERION = "precision-first"
+CRITERIA = ("nested-margin", "precision-first", "worst-style")
+CRITERION = "nested-margin"
 PREVIOUS = ("sims+primary+length+scene+unanswered", "worst-style")  # the decision before the prompt vector
+ELEVENTH = "precision-first"  # the eleventh pass's thresholds: precision first, no margin
+# Margins over the precision targets a threshold is chosen for (nested-margin): the smallest whose thresholds meet
+# the targets on styles they were not chosen on. The "any" target gets half of it, at most 0.99.
+MARGINS = (0.0, 0.02, 0.04, 0.06, 0.08, 0.10)
+
+
+def margin_targets(margin: float) -> tuple[float, float]:
+    """The (main, any) precision a threshold is chosen for with `margin` over the targets."""
+    return TARGET_MAIN + margin, min(TARGET_ANY + margin / 2, 0.99)
 
 
 def choose_threshold(prob: np.ndarray, gate: np.ndarray, labels: np.ndarray, styles: np.ndarray,
-                     criterion: str | None = None) -> float:
+                     criterion: str | None = None, margin: float = 0.0) -> float:
     """The acceptance threshold on the styles given, by `criterion` (default `CRITERION`). Styles the gate proposes fewer than
     `MIN_STYLE_PROPOSED` pairs of (other languages, a clean miss) do not vote.
 
     precision-first (issue 25's eleventh pass): the highest style-mean recall among the thresholds whose
     style-mean precisions meet both targets, else the one nearest them. A wrong hit costs the user a worse video and
     a missed one only time, and the scene rule caps recall below its target on the new styles (the rule's recall
-    ceiling), so chasing recall only spends precision. worst-style (passes one to ten): the best worst-style
-    min(target ratio) of all three targets, then pooled recall; with recall out of reach it lowers the threshold
-    for the recall-starved style."""
+    ceiling), so chasing recall only spends precision. nested-margin (the twelfth pass) picks the same way for
+    precision targets raised by `margin` (`margin_targets`; the margin comes from `choose_margin`). worst-style
+    (passes one to ten): the best worst-style min(target ratio) of all three targets, then pooled recall; with recall
+    out of reach it lowers the threshold for the recall-starved style."""
     voters = [st for st in sorted(set(styles)) if (gate & (styles == st)).sum() >= MIN_STYLE_PROPOSED]
+    # Every grid threshold at once: per style, the counts `rates` reads (accepted; of them label 2 and label >= 1;
+    # label 2 in the style), one row per threshold.
+    def counts(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        on = gate & rows
+        above = prob[on][None, :] >= GRID[:, None]
+        return (above.sum(1), (above & (labels[on] == 2)).sum(1), (above & (labels[on] >= 1)).sum(1),
+                int((labels[rows] == 2).sum()))
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per = [counts(styles == st) for st in voters]
+        n = np.array([c[0] for c in per]).reshape(len(per), len(GRID))
+        main = np.array([c[1] for c in per]).reshape(n.shape) / n  # nan where nothing is accepted
+        visible = np.array([c[2] for c in per]).reshape(n.shape) / n
+        recall = np.array([c[1] / c[3] if c[3] else np.full(len(GRID), np.nan) for c in per]).reshape(n.shape)
+        pooled = counts(np.ones(len(prob), bool))
+        pooled_recall = pooled[1] / pooled[3] if pooled[3] else np.full(len(GRID), np.nan)
     best, best_key = 0.5, (-1.0, -1.0)
-    for t in GRID:
-        accepted = gate & (prob >= t)
-        per = [rates(accepted[styles == st], labels[styles == st]) for st in voters]
-        if (criterion or CRITERION) == "precision-first":
-            some = [r for r in per if r[3]]  # a style with nothing accepted has no precision
-            near = (min(float(np.mean([r[0] for r in some])) / TARGET_MAIN,
-                        float(np.mean([r[1] for r in some])) / TARGET_ANY, 1.0) if some else 0.0)
-            key = (near, float(np.mean([r[2] for r in per])) if per else 0.0)
+    for g, t in enumerate(GRID):
+        if (criterion or CRITERION) in ("precision-first", "nested-margin"):
+            some = n[:, g] > 0  # a style with nothing accepted has no precision
+            want_main, want_any = margin_targets(margin)
+            near = (min(float(np.mean(main[some, g])) / want_main, float(np.mean(visible[some, g])) / want_any, 1.0)
+                    if some.any() else 0.0)
+            key = (near, float(np.mean(recall[:, g])) if len(per) else 0.0)
         else:
-            worst = min((merit(*r[:3]) for r in per), default=0.0)
-            key = (min(worst, 1.0), rates(accepted, labels)[2])
+            worst = min((merit(main[i, g], visible[i, g], recall[i, g]) for i in range(len(per))), default=0.0)
+            key = (min(worst, 1.0), float(pooled_recall[g]))
         if key > best_key:
             best, best_key = float(t), key
     return best
@@ -280,18 +305,56 @@ def columns(names: tuple[str, ...] | str | None) -> list[int]:
     return list(range(len(FEATURES))) if names is None else [FEATURES.index(n) for n in names]
 
 
+_FITS: dict[tuple, tuple] = {}  # the nested margin refits the same subsets; the arrays kept to check the ids
+
+
+def fit(t: Table, train: np.ndarray, cols: list[int], floor: float) -> tuple[np.ndarray, float, np.ndarray]:
+    """Weights, bias and every pair's probability, fitted on the `train` pairs the gate proposes (memoised)."""
+    key = (id(t.xs[floor]), id(t.gates[floor]), floor, tuple(cols), np.packbits(train).tobytes())
+    held = _FITS.get(key)
+    if held is None or held[0] is not t.xs[floor] or held[1] is not t.gates[floor]:  # ids of freed arrays recur
+        gate, x = t.gates[floor], t.xs[floor][:, cols]
+        fit_rows = train & gate
+        # Each style weighs the same, whatever its number of pairs: VBench must not set the boundary alone.
+        count = {st: int((t.styles[fit_rows] == st).sum()) for st in set(t.styles[fit_rows])}
+        weight = np.array([1.0 / count[st] for st in t.styles[fit_rows]])
+        w, b = fit_logistic(x[fit_rows], (t.labels[fit_rows] == 2).astype(float), weight)
+        _FITS[key] = held = (t.xs[floor], t.gates[floor], (w, b, 1.0 / (1.0 + np.exp(-(x @ w + b)))))
+    return held[2]
+
+
+def choose_margin(t: Table, train: np.ndarray, cols: list[int], floor: float) -> float:
+    """The smallest of `MARGINS` whose thresholds, chosen precision-first on all training styles but one and scored
+    on that one (each in turn), keep the style-mean precisions at both targets: how far the training styles'
+    precision must exceed a target for a style not trained on to meet it. Only `train` is read."""
+    rule = setting_rule(t, floor)
+    gate = t.gates[floor]
+    inner = [st for st in sorted(set(t.styles[train])) if (gate & train & (t.styles == st)).sum() >= MIN_STYLE_PROPOSED]
+    for margin in MARGINS:
+        per = []
+        for style in inner:
+            held = train & (t.styles == style)
+            rest = train & ~held
+            _, _, prob = fit(t, rest, cols, floor)
+            thr = choose_threshold(prob[rest], gate[rest], t.labels[rest], t.styles[rest], "nested-margin", margin)
+            per.append(rates((gate & ((prob >= thr) | rule))[held], t.labels[held]))
+        some = [r for r in per if r[3]]
+        if some and np.mean([r[0] for r in some]) >= TARGET_MAIN and np.mean([r[1] for r in some]) >= TARGET_ANY:
+            return margin
+    return MARGINS[-1]
+
+
 def fit_and_threshold(t: Table, train: np.ndarray, cols: list[int], floor: float, criterion: str | None = None):
     """Weights, bias and threshold (by `criterion`, default `CRITERION`) fitted on the `train` pairs the gate
-    proposes."""
-    gate, x = t.gates[floor], t.xs[floor][:, cols]
-    fit_rows = train & gate
-    # Each style weighs the same, whatever its number of pairs: VBench must not set the boundary alone.
-    count = {st: int((t.styles[fit_rows] == st).sum()) for st in set(t.styles[fit_rows])}
-    weight = np.array([1.0 / count[st] for st in t.styles[fit_rows]])
-    w, b = fit_logistic(x[fit_rows], (t.labels[fit_rows] == 2).astype(float), weight)
-    prob = 1.0 / (1.0 + np.exp(-(x @ w + b)))
-    thr = choose_threshold(prob[train], gate[train], t.labels[train], t.styles[train], criterion)
+    proposes, and every pair's probability."""
+    w, b, prob = fit(t, train, cols, floor)
+    gate = t.gates[floor]
+    margin = choose_margin(t, train, cols, floor) if (criterion or CRITERION) == "nested-margin" else 0.0
+    thr = choose_threshold(prob[train], gate[train], t.labels[train], t.styles[train], criterion, margin)
     return w, b, thr, prob
+
+
+_RULES: dict[tuple[int, float], tuple] = {}
 
 
 def setting_rule(t: Table, floor: float) -> np.ndarray:
@@ -300,7 +363,12 @@ def setting_rule(t: Table, floor: float) -> np.ndarray:
     from comfyui_chai.cache_store.lookup.decision import FEATURES, setting_shared
 
     n = len(FEATURES)
-    return np.array([setting_shared(dict(zip(FEATURES, row[:n]))) for row in t.xs[floor]], dtype=bool)
+    key = (id(t.xs[floor]), floor)
+    held = _RULES.get(key)
+    if held is None or held[0] is not t.xs[floor]:
+        _RULES[key] = held = (t.xs[floor], np.array([setting_shared(dict(zip(FEATURES, row[:n])))
+                                                     for row in t.xs[floor]], dtype=bool))
+    return held[1]
 
 
 def loso(t: Table, cols: list[int], floor: float) -> list[tuple[str, int, int, float, float, float, float]]:
@@ -340,6 +408,8 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
         variants["without it, at the decision's recall (oracle)"] = (t, without_prompt)
         # What shipped before the prompt vector (issue 25's sixth to tenth passes): its features, worst-style thresholds.
         variants[f"before it: {PREVIOUS[0]!r}, {PREVIOUS[1]} thresholds"] = (t, columns(FEATURE_SETS[PREVIOUS[0]]))
+    # The eleventh pass's thresholds: precision first on the training styles, no margin over the targets.
+    variants["thresholds without the margin (eleventh pass)"] = (t, cols)
     variants["+ mention windows"] = (t, cols + [t.xs[floor].shape[1] - 2, t.xs[floor].shape[1] - 1])
     variants["without the scene rule"] = (replace(t, gates=t.free), cols)
     accepted: dict[str, np.ndarray] = {}
@@ -349,9 +419,10 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
         accepted[label] = np.zeros(len(t.pairs), bool)
         per[label] = {}
         before = label.startswith("before it")
+        criterion = PREVIOUS[1] if before else ELEVENTH if label.endswith("(eleventh pass)") else None
         for style in sorted(set(t.styles)):
             rows = t.styles == style
-            _, _, thr, prob = fit_and_threshold(table_, ~rows, cols, floor, PREVIOUS[1] if before else None)
+            _, _, thr, prob = fit_and_threshold(table_, ~rows, cols, floor, criterion)
             if label.endswith("(oracle)") and not np.isnan(per["decision"][style][3]):
                 want, thr = per["decision"][style][3], 2.0
                 for cut in (np.sort(np.unique(prob[rows & table_.gates[floor]]))[::-1] if want > 0 else ()):
@@ -479,13 +550,17 @@ def main(argv: list[str] | None = None) -> int:
     shipped = json.loads(DECISION_FILE.read_text(encoding="utf-8")).get("features") if DECISION_FILE.is_file() else None
     compare(t, shipped if shipped in FEATURE_SETS else name, floor)
     prefix = get_embedder("minilm").identity.split("@")[0] + "@"
+    margins: dict[str, float] = {}
 
     def fitted(set_name: str) -> DecisionModel:
         cols = columns(FEATURE_SETS[set_name])
-        w, b, thr, prob = fit_and_threshold(t, np.ones(len(t.pairs), bool), cols, floor)
+        everything = np.ones(len(t.pairs), bool)
+        w, b, thr, prob = fit_and_threshold(t, everything, cols, floor)
+        margin = choose_margin(t, everything, cols, floor) if CRITERION == "nested-margin" else 0.0
+        margins[set_name] = margin
         pm, pa, rec, n = rates(t.gates[floor] & ((prob >= thr) | setting_rule(t, floor)), t.labels)
-        print(f"\n{set_name!r} fitted on all {len(t.pairs)} pairs: threshold {thr:.2f}, in-sample precision main "
-              f"{pm:.3f}, any {pa:.3f}, recall {rec:.3f} ({n} accepted)")
+        print(f"\n{set_name!r} fitted on all {len(t.pairs)} pairs: margin {margin:.2f}, threshold {thr:.2f}, "
+              f"in-sample precision main {pm:.3f}, any {pa:.3f}, recall {rec:.3f} ({n} accepted)")
         return DecisionModel({FEATURES[c]: round(float(v), 6) for c, v in zip(cols, w)}, round(b, 6), thr, prefix)
 
     model = fitted(name)
@@ -494,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         model = DecisionModel(model.weights, model.bias, model.threshold, model.embedder, fitted(fallback[1]))
     if not args.no_write:
         data = {**model.to_json(), "floor": floor, "features": name, "fallback_features": fallback[1],
-                "criterion": CRITERION,
+                "criterion": CRITERION, "margin": margins.get(name, 0.0),
+                "fallback_margin": margins.get(fallback[1], 0.0),
                 "fitted_by": "python -m bench.fit_decision", "pairs": len(t.pairs),
                 "styles": sorted(set(t.styles))}
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -84,3 +84,56 @@ def test_a_feature_set_ranks_by_styles_meeting_targets_then_its_mean_target_rati
     meets = [("a", 10, 5, 0.9, 1.0, 0.75, 0.5), ("b", 10, 5, 0.5, 0.8, 0.2, 0.5)]
     assert fd.selection_key(meets)[0] == 1 and fd.selection_key(meets) > fd.selection_key(more_recall)
     assert fd.selection_key(precise + [("other", 10, 0, nan, nan, nan, 0.5)])[1] < fd.selection_key(precise)[1]
+
+
+def _margin_table(seed: int = 3):
+    """Four styles of 120 proposed pairs whose label-2 share rises with one feature; in style 'hard' it rises later,
+    so a threshold fitted on the others is too low for it."""
+    from comfyui_chai.cache_store.lookup.decision import FEATURES
+
+    rng = np.random.default_rng(seed)
+    styles, labels, x = [], [], []
+    for style, shift in (("a", 0.0), ("b", 0.05), ("c", 0.1), ("hard", 0.3)):
+        v = rng.uniform(0, 1, 120)
+        p2 = np.clip((v - shift) * 1.3, 0, 1)
+        lab = np.where(rng.random(120) < p2, 2, np.where(rng.random(120) < 0.15, 0, 1))
+        styles += [style] * 120
+        labels += lab.tolist()
+        x += v.tolist()
+    xs = np.zeros((len(x), len(FEATURES)))
+    xs[:, FEATURES.index("main_sim")] = x
+    gate = np.ones(len(x), bool)
+    return fd.Table([None] * len(x), np.array(styles), np.array(labels), {0.65: gate}, {0.65: xs}, {0.65: gate})
+
+
+def test_the_margin_is_the_smallest_whose_thresholds_hold_on_styles_they_were_not_chosen_on(monkeypatch):
+    from comfyui_chai.cache_store.lookup.decision import FEATURES
+
+    t = _margin_table()
+    cols = [FEATURES.index("main_sim")]
+    everything = np.ones(len(t.labels), bool)
+    monkeypatch.setattr(fd, "MIN_STYLE_PROPOSED", 10)
+
+    def held_out_precision(margin: float) -> tuple[float, float]:
+        per = []
+        for style in sorted(set(t.styles)):
+            held, rest = t.styles == style, t.styles != style
+            _, _, prob = fd.fit(t, rest, cols, 0.65)
+            thr = fd.choose_threshold(prob[rest], t.gates[0.65][rest], t.labels[rest], t.styles[rest],
+                                      "nested-margin", margin)
+            per.append(fd.rates((prob >= thr)[held], t.labels[held]))
+        some = [r for r in per if r[3]]
+        return float(np.mean([r[0] for r in some])), float(np.mean([r[1] for r in some]))
+
+    margin = fd.choose_margin(t, everything, cols, 0.65)
+    assert margin in fd.MARGINS and margin > 0.0  # the hard style needs one
+    pm, pa = held_out_precision(margin)
+    assert pm >= fd.TARGET_MAIN and pa >= fd.TARGET_ANY
+    for smaller in (m for m in fd.MARGINS if m < margin):
+        below = held_out_precision(smaller)
+        assert below[0] < fd.TARGET_MAIN or below[1] < fd.TARGET_ANY
+    # the shipped threshold is chosen for the raised targets: no lower than the one without a margin
+    _, _, prob = fd.fit(t, everything, cols, 0.65)
+    plain = fd.choose_threshold(prob, t.gates[0.65], t.labels, t.styles, "precision-first")
+    _, _, thr, _ = fd.fit_and_threshold(t, everything, cols, 0.65, "nested-margin")
+    assert thr >= plain and fd.margin_targets(margin)[0] == pytest.approx(fd.TARGET_MAIN + margin)
