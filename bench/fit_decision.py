@@ -358,15 +358,16 @@ _RULES: dict[tuple[int, float], tuple] = {}
 
 
 def setting_rule(t: Table, floor: float) -> np.ndarray:
-    """Per pair, whether the decision accepts it whatever its model says (`decision.setting_shared`: one thing in
-    one place on both sides, the request's first-named scene matched); the gate still applies."""
-    from comfyui_chai.cache_store.lookup.decision import FEATURES, setting_shared
+    """Per pair, whether the decision accepts it whatever its model says (`decision.shared_outright`: one thing in
+    one place on both sides with the request's first-named scene matched, or the first-named main subjects the
+    same on both sides); the gate still applies."""
+    from comfyui_chai.cache_store.lookup.decision import FEATURES, shared_outright
 
     n = len(FEATURES)
     key = (id(t.xs[floor]), floor)
     held = _RULES.get(key)
     if held is None or held[0] is not t.xs[floor]:
-        _RULES[key] = held = (t.xs[floor], np.array([setting_shared(dict(zip(FEATURES, row[:n])))
+        _RULES[key] = held = (t.xs[floor], np.array([shared_outright(dict(zip(FEATURES, row[:n])))
                                                      for row in t.xs[floor]], dtype=bool))
     return held[1]
 

@@ -169,3 +169,26 @@ def test_one_thing_in_one_place_on_both_sides_shares_the_setting_whatever_the_mo
                       side_of((GULL, BEACH), ("main", "scene"), np.stack([vector("gull"), vector("beach")])),
                       HitRule(0.65))
     assert refuse_all.accepts(values) and not refuse_all.accepts({**values, "scene_primary": 0.0})
+
+
+def test_the_same_first_named_subject_on_both_sides_is_accepted_whatever_the_model_says(opener):
+    # A golden retriever playing with a ball, served by a golden retriever on a beach: the subject itself is there.
+    refuse_all = DecisionModel({"main_sim": 1.0}, -50.0, 0.5, "all-MiniLM-L6-v2@")
+    rule = HitRule(0.8, decision=refuse_all)
+    ball = Entity("small red ball", "object", "ball", "secondary")
+    with opener("c", StoreConfig(10**9)) as s:
+        s.insert("a dog running along a sunny beach at sunset", _embedded(MINILM_LIKE, DOG, BEACH,
+                                                                           Entity("sunset", "object", "sunset",
+                                                                                  "secondary")),
+                 FP, latents(1), SIGMAS)
+        assert s.lookup(_embedded(MINILM_LIKE, DOG, ball), FP, SHAPE, rule).hit
+        # the dog only as a secondary element of the request, a gull first: the model decides, and refuses
+        assert not s.lookup(_embedded(MINILM_LIKE, GULL, Entity("dog", "object", "dog", "secondary")), FP, SHAPE,
+                            rule).hit
+    values = features(side_of((DOG, ball), ("main", "secondary"), np.stack([vector("dog"), vector("ball")])),
+                      side_of((DOG, BEACH), ("main", "scene"), np.stack([vector("dog"), vector("beach")])),
+                      HitRule(0.65))
+    assert refuse_all.accepts(values)
+    for lacking in ({"primary_missing": 1.0}, {"donor_primary_missing": 1.0}, {"main_sim": 0.9},
+                    {"primary_best": 0.9}, {"donor_primary_best": 0.9}, {"generic_person": 1.0}):
+        assert not refuse_all.accepts({**values, **lacking})
