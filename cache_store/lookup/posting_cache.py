@@ -165,7 +165,8 @@ class PostingCache:
         for start, end in zip(starts.tolist(), np.r_[starts[1:], len(group)].tolist()):
             rows_here, which = np.unique(entity[start:end], return_inverse=True)
             role = coded[start:end] % 4
-            self._held[(int(group[start]), *core_head[int(code[start])])] = IdentityPostings(
+            core, head = core_head[int(code[start])]
+            self._held[(int(group[start]), core, head)] = IdentityPostings(
                 tuple(str(known[r][3]) for r in rows_here.tolist()),
                 np.array([known[r][4] == "object" for r in rows_here.tolist()], bool),
                 which.astype(np.int64).reshape(-1), coded[start:end] // 4, np.where(role == 3, -1, role))
