@@ -258,3 +258,23 @@ def test_no_first_fill_read_when_the_postings_would_take_over_half_the_bound(ope
         assert small.primed == 0 and not small.prime  # tried once, read nothing, fetched as before
         fits = PostingCache(max_postings=2 * total)
         assert answer(s, request, fits) == answer(s, request, None) and fits.primed > 0 and fits.fetches == 0
+
+
+def test_a_first_fill_whose_entities_all_went_in_between_holds_nothing_and_ranks_as_the_sql_does(opener,
+                                                                                                    monkeypatch):
+    rng = random.Random(13)
+    with opener() as s:
+        for i in range(6):
+            s.insert(f"entry {i}", prompt_entities(rng), FP, latents(i), SIGMAS)
+        held = PostingCache()
+        real = s.db.query
+
+        def entities_gone(sql, params=()):  # the postings were read; every entity is removed before its names are
+            return [] if sql.startswith("SELECT id, core, head, text, kind FROM entities") else real(sql, params)
+
+        monkeypatch.setattr(s.db, "query", entities_gone)
+        request = prompt_entities(rng)
+        held._follow(s.db, "base", 1)
+        assert held.primed == 0 and not held._held and not held.prime
+        monkeypatch.setattr(s.db, "query", real)
+        assert answer(s, request, held) == answer(s, request, None)  # fetched identity by identity instead

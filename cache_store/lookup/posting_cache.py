@@ -155,6 +155,8 @@ class PostingCache:
         at = np.minimum(np.searchsorted(ids, flat[:, 1]), max(len(ids) - 1, 0))
         keep = ids[at] == flat[:, 1] if len(ids) else np.zeros(len(flat), bool)  # an entity removed in between
         flat, at = flat[keep], by_id[at[keep]]
+        if not len(flat):
+            return
         names: dict[tuple[str, str], int] = {}
         identity = np.array([names.setdefault((str(r[1]), str(r[2])), len(names)) for r in known], np.int64)
         group, code, entity, coded = flat[:, 0], identity[at], at, flat[:, 2]
