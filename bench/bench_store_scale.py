@@ -332,8 +332,8 @@ def ranking_paths(store, requests: list, threshold: float) -> list[list[str]]:
         random.Random(i).shuffle(names)
         for name in names:
             way = ways[name]
-            store.postings = (PostingCache(prime=False) if way == "cold" else warm if way == "insert" else full if way == "evict"
-                              else way)
+            store.postings = (PostingCache(prime=False) if way == "cold" else warm if way == "insert"
+                              else full if way == "evict" else way)
             if way == "insert":
                 insert_filler(f"bench filler {i}")
             elif way == "evict":

@@ -344,12 +344,14 @@ def choose_margin(t: Table, train: np.ndarray, cols: list[int], floor: float) ->
     return MARGINS[-1]
 
 
-def fit_and_threshold(t: Table, train: np.ndarray, cols: list[int], floor: float, criterion: str | None = None):
-    """Weights, bias and threshold (by `criterion`, default `CRITERION`) fitted on the `train` pairs the gate
-    proposes, and every pair's probability."""
+def fit_and_threshold(t: Table, train: np.ndarray, cols: list[int], floor: float, criterion: str | None = None,
+                      margin: float | None = None):
+    """Weights, bias and threshold (by `criterion`, default `CRITERION`; nested-margin chooses its margin unless one
+    is given) fitted on the `train` pairs the gate proposes, and every pair's probability."""
     w, b, prob = fit(t, train, cols, floor)
     gate = t.gates[floor]
-    margin = choose_margin(t, train, cols, floor) if (criterion or CRITERION) == "nested-margin" else 0.0
+    if margin is None:
+        margin = choose_margin(t, train, cols, floor) if (criterion or CRITERION) == "nested-margin" else 0.0
     thr = choose_threshold(prob[train], gate[train], t.labels[train], t.styles[train], criterion, margin)
     return w, b, thr, prob
 
@@ -556,9 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     def fitted(set_name: str) -> DecisionModel:
         cols = columns(FEATURE_SETS[set_name])
         everything = np.ones(len(t.pairs), bool)
-        w, b, thr, prob = fit_and_threshold(t, everything, cols, floor)
         margin = choose_margin(t, everything, cols, floor) if CRITERION == "nested-margin" else 0.0
         margins[set_name] = margin
+        w, b, thr, prob = fit_and_threshold(t, everything, cols, floor, margin=margin)
         pm, pa, rec, n = rates(t.gates[floor] & ((prob >= thr) | setting_rule(t, floor)), t.labels)
         print(f"\n{set_name!r} fitted on all {len(t.pairs)} pairs: margin {margin:.2f}, threshold {thr:.2f}, "
               f"in-sample precision main {pm:.3f}, any {pa:.3f}, recall {rec:.3f} ({n} accepted)")
