@@ -26,6 +26,37 @@ def test_main_subject_scene_and_secondary_come_from_the_parse(extract, prompt, e
     assert extract(prompt) == expected
 
 
+@pytest.mark.parametrize("prompt, owner, part", [
+    ("Push in on the face of an old fisherman in a storm", "old fisherman", "face"),
+    ("zoom in on the eyes of a black cat sitting on a broom", "black cat", "eye"),
+    ("the paws of a kitten on a keyboard", "kitten", "paw"),
+    ("the tiger's eye in close-up", "tiger", "eye"),
+])
+def test_a_part_hands_the_main_role_to_its_owner(extract, prompt, owner, part):
+    roles = extract(prompt)
+    assert roles[owner] == MAIN and roles[part] == SECONDARY
+
+
+def test_a_container_or_a_non_part_keeps_its_reading(extract):
+    assert extract("A cup of coffee on a table") == {"coffee": MAIN, "table": SECONDARY}
+    assert extract("a dog catching a frisbee in the park")["frisbee"] == SECONDARY  # no part, no owner
+
+
+def test_a_camera_move_from_a_to_b_has_both_ends_in_its_subject(extract):
+    roles = extract("crane down from a cathedral ceiling to a white cat sitting in the aisle")
+    assert roles["white cat"] == MAIN and roles["cathedral ceiling"] == MAIN
+    roles = extract("zoom out, from the eye of a tiger to the whole jungle")
+    assert roles["tiger"] == MAIN and roles["eye"] == SECONDARY and roles["whole jungle"] == SCENE
+    # Only a move whose start is the subject: a man walking to the harbour keeps the harbour a scene.
+    assert extract("A man walks from the station to the harbour")["harbour"] == SCENE
+
+
+def test_a_name_given_to_the_subject_is_the_subject_too(extract):
+    roles = extract("An aging samurai named Kenji walks alone into a snowbound village")
+    assert roles["kenji"] == MAIN and roles["aging samurai"] == MAIN
+    assert extract("a small robot called Bolt rolling through a junkyard")["bolt"] == MAIN
+
+
 def test_generic_people_carry_what_they_do(extract):
     roles = extract("a man playing guitar on stage at night")
     assert roles["man playing guitar"] == MAIN and roles["stage"] == SCENE

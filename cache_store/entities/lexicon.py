@@ -96,3 +96,10 @@ CONDITION_HEADS = frozenset({
     "snow", "fog", "mist", "haze", "wind", "breeze", "sunlight", "sunshine", "moonlight", "daylight",
     "starlight", "lightning", "hour",
 })
+# Parts of a body or a thing: "the face of an old fisherman", "the tiger's eye" are shots of the owner, who is
+# the main subject (the part alone matches every close-up of another owner's part).
+PART_NOUNS = frozenset({
+    "face", "eye", "hand", "head", "paw", "claw", "feather", "fur", "tail", "wing", "fin", "beak", "mouth", "nose",
+    "lip", "ear", "hair", "skin", "scale", "horn", "mane", "hoof", "leg", "foot", "finger", "tooth", "shoulder",
+    "arm", "belly", "whisker", "antler", "tusk", "wheel", "sole", "dial", "helmet", "visor", "hood", "engine",
+})

@@ -6,6 +6,8 @@ setting, so every entity carries a role read from the parse:
 - **main**: the grammatical subject of the prompt's first sentence (the subject of its main verb, or the root
   noun of a caption such as "A golden retriever, running on the beach", with what is coordinated with it), and
   the thing a template introduces ("close-up of a cat"); without any of these, the first object mentioned.
+  A part stands for its owner ("the face of an old fisherman": the fisherman), and a camera move "from A to B"
+  has both ends in its subject ("crane down from a cathedral ceiling to a white cat").
 - **scene**: an entity of kind "scene" (a place, a landscape, a setting; see `entities`), wherever it stands.
 - **secondary**: everything else (props, background objects, times of day and light).
 
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
+
+from .lexicon import PART_NOUNS
 
 if TYPE_CHECKING:
     from spacy.tokens import Doc, Token
@@ -62,6 +66,10 @@ def focus_tokens(doc: "Doc") -> set[int]:
             focus.add(tok.i)
         # "The dense forest, where a green kite is drifting": the subject of a clause about the focus.
         if tok.dep_ in _SUBJECT_DEPS and tok.head.dep_ in ("relcl", "acl") and tok.head.head.i in focus:
+            focus.add(tok.i)
+        # "An aging samurai named Kenji": the name is the subject too (a series calls him by it).
+        if (tok.dep_ in ("oprd", "attr", "dobj") and tok.head.lemma_.lower() in ("name", "call")
+                and tok.head.dep_ == "acl" and tok.head.head.i in focus):
             focus.add(tok.i)
     grown = True
     while grown:
@@ -128,7 +136,44 @@ def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[st
         first = next((i for i, k in enumerate(kinds) if k == "object"), None)
         if first is not None:
             roles[first] = MAIN
+    _move_ends(doc, heads, kinds, roles)
+    _owners(doc, heads, kinds, roles)
     return roles
+
+
+def _owners(doc: "Doc", heads: Sequence[int], kinds: Sequence[str], roles: list[str]) -> None:
+    """A main part with an owner ("the eyes of a black cat", "the tiger's eye") hands its role to the owner."""
+    where = {h: k for k, h in enumerate(heads)}
+    for k, head in enumerate(heads):
+        tok = doc[head]
+        if roles[k] != MAIN or tok.lemma_.lower() not in PART_NOUNS:
+            continue
+        owner = next((c.i for c in tok.children if c.dep_ == "poss"), None)
+        if owner is None:
+            prep = next((c for c in tok.children if c.dep_ == "prep" and c.lower_ == "of"), None)
+            owner = next((c.i for c in prep.children if c.dep_ == "pobj"), None) if prep is not None else None
+        j = where.get(owner) if owner is not None else None
+        if j is not None and kinds[j] == "object":
+            roles[j], roles[k] = MAIN, SECONDARY
+
+
+_MOVE_TARGETS = frozenset({"to", "toward", "towards", "into", "onto"})
+
+
+def _move_ends(doc: "Doc", heads: Sequence[int], kinds: Sequence[str], roles: list[str]) -> None:
+    """A camera move "from A to B" whose start is the main subject (or its part) has its end in it too."""
+    where = {h: k for k, h in enumerate(heads)}
+    for tok in doc:
+        if tok.lower_ != "from":
+            continue
+        start = next((c.i for c in tok.children if c.dep_ == "pobj"), None)
+        if start is None or start not in where or roles[where[start]] != MAIN:
+            continue
+        end = next((t for t in doc[start + 1:] if t.lower_ in _MOVE_TARGETS and t.dep_ == "prep"), None)
+        target = next((c.i for c in end.children if c.dep_ == "pobj"), None) if end is not None else None
+        if target is not None and target in where and kinds[where[target]] == "object":
+            roles[where[target]] = MAIN
+        break
 
 
 __all__ = ["MAIN", "SCENE", "SECONDARY", "ROLES", "BORROWABLE", "GENERIC_PEOPLE", "focus_tokens", "activity",
