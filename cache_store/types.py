@@ -65,6 +65,9 @@ class EntryInfo:
     last_used: float
     hits: int
     file: str
+    # The latent file's committed checksum where the row read held it (the lookup then verifies without a second
+    # query); '' when it was not read.
+    checksum: str = field(default="", repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -278,3 +278,33 @@ def test_a_first_fill_whose_entities_all_went_in_between_holds_nothing_and_ranks
         assert held.primed == 0 and not held._held and not held.prime
         monkeypatch.setattr(s.db, "query", real)
         assert answer(s, request, held) == answer(s, request, None)  # fetched identity by identity instead
+
+
+def test_donors_held_for_the_decision_decide_as_read_ones_and_are_read_once(opener):
+    from comfyui_chai.cache_store.lookup.decision import DecisionModel
+
+    rng = random.Random(17)
+    # A model for the test embedder that reads all the donor's inputs (its entities' vectors, roles and prompt vector).
+    model = DecisionModel({"main_sim": 4.0, "scene_sim": 2.0, "bag_sim": 1.0, "donor_prompt_best": 0.5}, -4.0, 0.5,
+                          EMBEDDER)
+    rule = HitRule(0.8, decision=model)
+    with opener() as s:
+        for i in range(30):
+            s.insert(f"entry {i}", prompt_entities(rng), FP, latents(i), SIGMAS)
+        requests = [prompt_entities(rng) for _ in range(25)]
+
+        def answers(held):
+            s.postings = held
+            return [(r.hit, r.entry.id if r.entry else None, r.reason)
+                    for r in (s.lookup(q, FP, SHAPE, rule, touch=False, load=False) for q in requests)]
+
+        held = PostingCache()
+        first = answers(held)
+        assert first == answers(None)  # held donors decide as donors read from the database
+        reads = held.side_reads
+        assert reads > 0 and sum(hit for hit, _, _ in first) > 0  # the decision read donors and accepted some
+        assert answers(held) == first and held.side_reads == reads  # the second pass read none again
+        # Another change log (a rebuilt index, a cleared cache): nothing held is used.
+        calls = []
+        held.side("another base", (1, 8, None), lambda: calls.append(1) or "read")
+        assert calls == [1] and answers(held) == first and held.side_reads > reads + 1

@@ -182,9 +182,12 @@ class CacheStore(StoreBase):
         """An entry's file bytes and committed checksum (symlinks and bad names refused)."""
         if not is_entry_file_name(entry.file):
             raise CacheEntryError(f"invalid file name {entry.file!r} in the manifest")
-        checksum = self.manifest.query("SELECT checksum FROM entries WHERE id=?", (entry.id,))
-        return (lat.read_entry_bytes(self.latent_dir / entry.file), checksum[0][0] if checksum else "",
-                f"latent file {entry.file}")
+        if entry.checksum:  # read with the row (ids are never reused, and a row's checksum never changes)
+            committed = entry.checksum
+        else:
+            checksum = self.manifest.query("SELECT checksum FROM entries WHERE id=?", (entry.id,))
+            committed = checksum[0][0] if checksum else ""
+        return lat.read_entry_bytes(self.latent_dir / entry.file), committed, f"latent file {entry.file}"
 
     def _touch_entry(self, entry: EntryInfo) -> EntryInfo:
         row = self._touch(entry.id, True)

@@ -74,16 +74,16 @@ class Side:
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
-    n = float(np.linalg.norm(v))
+    n = math.sqrt(float(v @ v))
     return v / n if n > 1e-12 else v
 
 
-def _in_context(side: Side, i: int) -> np.ndarray:
-    """Entity i's vector with half the mean of its prompt's other entities added."""
-    others = [k for k in range(len(side.entities)) if k != i]
-    if not others:
+def _in_context(side: Side, i: int, total: np.ndarray) -> np.ndarray:
+    """Entity i's vector with half the mean of its prompt's other entities added (`total`: the sum of all)."""
+    n = len(side.entities)
+    if n < 2:
         return side.vectors[i]
-    return _unit(side.vectors[i] + CONTEXT_WEIGHT * side.vectors[others].mean(axis=0))
+    return _unit(side.vectors[i] + CONTEXT_WEIGHT * (total - side.vectors[i]) / (n - 1))
 
 
 def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
@@ -119,10 +119,11 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
     there = [j for j, r in enumerate(donor.roles) if r == SCENE]
     if here and there and max(sims[i][j] for i in here for j in there) < threshold:
         out["scene_conflict"] = 1.0
+    here_total, there_total = request.vectors.sum(axis=0), donor.vectors.sum(axis=0)
     top = max((best[k] for k in ("main_sim", "scene_sim") if k in best), default=None)
     if top is not None:
         _, i, j = top
-        out["context_sim"] = float(_in_context(request, i) @ _in_context(donor, j))
+        out["context_sim"] = float(_in_context(request, i, here_total) @ _in_context(donor, j, there_total))
         q, d = request.entities[i], donor.entities[j]
         out["same_head"] = float(q.head == d.head)
         out["compound_differs"] = float(q.head == d.head and q.identity != d.identity)
@@ -143,7 +144,7 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
     out["subjects_differ"] = out["main_missing"] * out["donor_main_missing"]
     out["scene_unanswered"] = float(bool(here) and not there)
     out["generic_unanswered"] = out["generic_person"] * out["scene_unanswered"]
-    out["bag_sim"] = float(_unit(request.vectors.mean(axis=0)) @ _unit(donor.vectors.mean(axis=0)))
+    out["bag_sim"] = float(_unit(here_total) @ _unit(there_total))  # the mean's direction is the sum's
     if donor.prompt is not None:
         out["donor_prompt_best"] = float(np.max(request.vectors @ donor.prompt))
     return out

@@ -66,7 +66,9 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
                                        "scene leaks its look into the video, so this is a miss", timings=timings)
     candidates = ranking.same_prompt_first(db, entities.prompt, candidates)
     refusal: list[str] = []
-    accepted = ranking.decide(db, entities, candidates, rule, refusal)
+    keeper = src.keeper
+    accepted = ranking.decide(db, entities, candidates, rule, refusal, src.postings,
+                              (id(keeper), keeper.epoch, keeper.resets))
     first = next(accepted, None)
     timings["select"] = time.perf_counter() - t1
     if first is None and refusal:

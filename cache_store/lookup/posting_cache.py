@@ -23,7 +23,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from .ranking import ranked_sim
 from .rule import HitRule, IdentityFilter, SceneKeys
 
 MAX_POSTINGS = 2_000_000  # held at most (about 50 MB); the least recently used identities go first
+MAX_SIDES = 1_024         # donors' decision inputs held (a few MB); the least recently used go first
 PRIME_SHARE = 2           # the first fill reads every posting when they are at most MAX_POSTINGS / PRIME_SHARE
 SCAN_WINDOW = 64          # ranked entries checked (alive, scene) per query
 MAX_NEW = 2_000           # entries committed since the last lookup that are added; more and everything is refetched
@@ -84,6 +85,30 @@ class PostingCache:
         self.primed = 0  # identities read at once by the first fill
         self.prime_seconds = 0.0  # what that read took (the bench prints it)
         self.primed_postings = 0  # and how many postings it held
+        # Donors as the decision reads them (`ranking.donor_side`), by entry id: an entry's entities, roles,
+        # vectors and prompt vector never change while it exists, and ids are never reused within a change log.
+        self._sides: OrderedDict[tuple[int, int, str | None], Any] = OrderedDict()
+        self._sides_base: Hashable = None
+        self.side_reads = 0  # donors read from the database (tests read it)
+
+    def side(self, base: Hashable, key: tuple[int, int, str | None], read: Callable[[], Any]) -> Any:
+        """A donor's decision inputs under `key` (entry id, dimension, embedder), read once per change log `base`."""
+        with self._lock:
+            if base != self._sides_base:
+                self._sides.clear()
+                self._sides_base = base
+            held = self._sides.get(key)
+            if held is not None:
+                self._sides.move_to_end(key)
+                return held
+        side = read()
+        with self._lock:
+            if base == self._sides_base:
+                self._sides[key] = side
+                while len(self._sides) > MAX_SIDES:
+                    self._sides.popitem(last=False)
+            self.side_reads += 1
+        return side
 
     def rank(self, db: Any, base: Hashable, generation: int, group_id: int, matched: Any, rule: HitRule,
              scenes: SceneKeys | None, limit: int) -> list[int]:

@@ -203,20 +203,24 @@ def donor_side(manifest: Any, entry_id: int, dim: int, embedder: str | None = No
 
 
 def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rule: HitRule,
-           refusal: list[str]) -> Iterator[int]:
+           refusal: list[str], held: Any = None, base: Any = None) -> Iterator[int]:
     """The proposed donors the rule's learned decision accepts, in order, decided one at a time as the caller asks
     (a hit loads the first; the others only stand in for a damaged one); when none is accepted, `refusal` ends up
     holding why the best refused one was refused. All of them when the rule has no decision or it was fitted on
-    another embedder."""
+    another embedder. `held` (a `PostingCache`) keeps donors read before, under the change log `base`."""
     model = rule.decision
     if model is None or not candidates or not model.applies_to(entities.embedder):
         yield from candidates
         return
     request = side_of(entities.entities, [e.role for e in entities.entities], entities.vectors)
+    dim, embedder = entities.vectors.shape[1], entities.embedder if model.reads_prompt else None
     best = -1.0
     for entry_id in candidates:
-        donor = donor_side(manifest, entry_id, entities.vectors.shape[1],
-                           entities.embedder if model.reads_prompt else None)
+        if held is None:
+            donor = donor_side(manifest, entry_id, dim, embedder)
+        else:
+            donor = held.side(base, (entry_id, dim, embedder),
+                              lambda entry_id=entry_id: donor_side(manifest, entry_id, dim, embedder))
         deciding = model.for_donor(donor)
         values = features(request, donor, rule)
         if deciding.accepts(values):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
@@ -167,6 +168,7 @@ MODIFIER, COMPOUND = "modifier", "compound"
 MIN_COMPOUND_PART = 3
 
 
+@lru_cache(maxsize=65536)  # the decision tests every pair of two prompts' entities; heads recur
 def closed_compound(a: str, b: str) -> str:
     """How two one-word heads relate when one is written into the other: MODIFIER when the shorter begins the
     longer ("dragon" / "dragonfly", "bat" / "batter", "cat" / "caterpillar": the shorter names another thing),
@@ -182,9 +184,14 @@ def closed_compound(a: str, b: str) -> str:
     return ""
 
 
-def _modifiers(entity: Any) -> set[str]:
+def _modifiers(entity: Any) -> frozenset[str]:
     """The words of an entity other than its head ("sausage" in "sausage dog", "guitar" in "man playing guitar")."""
-    return {w for w in entity.text.split() if w != entity.head}
+    return _words_besides(entity.text, entity.head)
+
+
+@lru_cache(maxsize=65536)
+def _words_besides(text: str, head: str) -> frozenset[str]:
+    return frozenset(w for w in text.split() if w != head)
 
 
 def matched_role(query_role: str, stored_role: str) -> str:
