@@ -49,6 +49,9 @@ def test_a_camera_move_from_a_to_b_has_both_ends_in_its_subject(extract):
     assert roles["tiger"] == MAIN and roles["eye"] == SECONDARY and roles["whole jungle"] == SCENE
     # Only a move whose start is the subject: a man walking to the harbour keeps the harbour a scene.
     assert extract("A man walks from the station to the harbour")["harbour"] == SCENE
+    # The move's end is in its own sentence: a later sentence's destination stays what it was.
+    roles = extract("Tracking shot from a red kite. A man carries a box to the van.")
+    assert roles["red kite"] == MAIN and roles["van"] == SECONDARY
 
 
 def test_a_name_given_to_the_subject_is_the_subject_too(extract):

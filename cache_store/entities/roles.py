@@ -162,6 +162,8 @@ _MOVE_TARGETS = frozenset({"to", "toward", "towards", "into", "onto"})
 
 def _move_ends(doc: "Doc", heads: Sequence[int], kinds: Sequence[str], roles: list[str]) -> None:
     """A camera move "from A to B" whose start is the main subject (or its part) has its end in it too."""
+    if not doc.has_annotation("DEP"):
+        return
     where = {h: k for k, h in enumerate(heads)}
     for tok in doc:
         if tok.lower_ != "from":
@@ -169,7 +171,8 @@ def _move_ends(doc: "Doc", heads: Sequence[int], kinds: Sequence[str], roles: li
         start = next((c.i for c in tok.children if c.dep_ == "pobj"), None)
         if start is None or start not in where or roles[where[start]] != MAIN:
             continue
-        end = next((t for t in doc[start + 1:] if t.lower_ in _MOVE_TARGETS and t.dep_ == "prep"), None)
+        end = next((t for t in doc[start + 1:tok.sent.end] if t.lower_ in _MOVE_TARGETS and t.dep_ == "prep"),
+                   None)  # in the same sentence
         target = next((c.i for c in end.children if c.dep_ == "pobj"), None) if end is not None else None
         if target is not None and target in where and kinds[where[target]] == "object":
             roles[where[target]] = MAIN
