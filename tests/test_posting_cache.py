@@ -306,5 +306,9 @@ def test_donors_held_for_the_decision_decide_as_read_ones_and_are_read_once(open
         assert answers(held) == first and held.side_reads == reads  # the second pass read none again
         # Another change log (a rebuilt index, a cleared cache): nothing held is used.
         calls = []
-        held.side("another base", (1, 8, None), lambda: calls.append(1) or "read")
+        held.side("another base", 10**9, (1, 8, None), lambda: calls.append(1) or "read")
         assert calls == [1] and answers(held) == first and held.side_reads > reads + 1
+        # A generation that went back (a restored database may hand out ids again): nothing held is used either.
+        reads = held.side_reads
+        held.side(held._sides_base, 10**9, (1, 8, None), lambda: "read")
+        assert answers(held) == first and held.side_reads > reads + 1

@@ -37,6 +37,11 @@ def test_a_part_hands_the_main_role_to_its_owner(extract, prompt, owner, part):
     assert roles[owner] == MAIN and roles[part] == SECONDARY
 
 
+def test_an_owner_past_a_verb_is_the_parsers_mistake_and_no_owner(extract):
+    roles = extract("The engine of a train puffing smoke")
+    assert roles["engine"] == MAIN and roles["smoke"] == SECONDARY
+
+
 def test_a_container_or_a_non_part_keeps_its_reading(extract):
     assert extract("A cup of coffee on a table") == {"coffee": MAIN, "table": SECONDARY}
     assert extract("a dog catching a frisbee in the park")["frisbee"] == SECONDARY  # no part, no owner
@@ -52,12 +57,15 @@ def test_a_camera_move_from_a_to_b_has_both_ends_in_its_subject(extract):
     # The move's end is in its own sentence: a later sentence's destination stays what it was.
     roles = extract("Tracking shot from a red kite. A man carries a box to the van.")
     assert roles["red kite"] == MAIN and roles["van"] == SECONDARY
+    # Nor in another clause of it: the move ends before a verb.
+    assert extract("The camera pulls away from a vase of flowers as a cat jumps onto the table")["table"] == SECONDARY
 
 
 def test_a_name_given_to_the_subject_is_the_subject_too(extract):
     roles = extract("An aging samurai named Kenji walks alone into a snowbound village")
     assert roles["kenji"] == MAIN and roles["aging samurai"] == MAIN
     assert extract("a small robot called Bolt rolling through a junkyard")["bolt"] == MAIN
+    assert extract("A woman calling her dog in the park")["dog"] == SECONDARY  # calling a dog names nothing
 
 
 def test_generic_people_carry_what_they_do(extract):

@@ -68,7 +68,7 @@ def focus_tokens(doc: "Doc") -> set[int]:
         if tok.dep_ in _SUBJECT_DEPS and tok.head.dep_ in ("relcl", "acl") and tok.head.head.i in focus:
             focus.add(tok.i)
         # "An aging samurai named Kenji": the name is the subject too (a series calls him by it).
-        if (tok.dep_ in ("oprd", "attr", "dobj") and tok.head.lemma_.lower() in ("name", "call")
+        if (tok.dep_ in ("oprd", "attr") and tok.head.lemma_.lower() in ("name", "call")
                 and tok.head.dep_ == "acl" and tok.head.head.i in focus):
             focus.add(tok.i)
     grown = True
@@ -152,6 +152,9 @@ def _owners(doc: "Doc", heads: Sequence[int], kinds: Sequence[str], roles: list[
         if owner is None:
             prep = next((c for c in tok.children if c.dep_ == "prep" and c.lower_ == "of"), None)
             owner = next((c.i for c in prep.children if c.dep_ == "pobj"), None) if prep is not None else None
+            if owner is not None and prep is not None and any(t.pos_ in ("VERB", "AUX")
+                                                              for t in doc[prep.i + 1:owner]):
+                owner = None  # "the engine of a train puffing smoke": the parser's object is past a verb
         j = where.get(owner) if owner is not None else None
         if j is not None and kinds[j] == "object":
             roles[j], roles[k] = MAIN, SECONDARY
@@ -172,8 +175,13 @@ def _move_ends(doc: "Doc", heads: Sequence[int], kinds: Sequence[str], roles: li
         if start is None or start not in where or roles[where[start]] != MAIN:
             continue
         end = next((t for t in doc[start + 1:tok.sent.end] if t.lower_ in _MOVE_TARGETS and t.dep_ == "prep"),
-                   None)  # in the same sentence
-        target = next((c.i for c in end.children if c.dep_ == "pobj"), None) if end is not None else None
+                   None)
+        # The same move: no clause between its ends ("from a vase as a cat jumps onto the table": a verb with its
+        # own subject; a verb without one is often a noun the tagger missed, "from the ramen bowl to ...").
+        if end is None or any(t.pos_ in ("VERB", "AUX") and any(c.dep_ in _SUBJECT_DEPS for c in t.children)
+                              for t in doc[start + 1:end.i]):
+            continue
+        target = next((c.i for c in end.children if c.dep_ == "pobj"), None)
         if target is not None and target in where and kinds[where[target]] == "object":
             roles[where[target]] = MAIN
         break

@@ -68,7 +68,7 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     refusal: list[str] = []
     keeper = src.keeper
     accepted = ranking.decide(db, entities, candidates, rule, refusal, src.postings,
-                              (id(keeper), keeper.epoch, keeper.resets))
+                              (id(keeper), keeper.epoch, keeper.resets), keeper.gen)
     first = next(accepted, None)
     timings["select"] = time.perf_counter() - t1
     if first is None and refusal:
@@ -82,8 +82,9 @@ def lookup(src: LookupSource, entities: EmbeddedEntities, fingerprint: str, shap
     for entry_id in itertools.chain([first], accepted):  # the next accepted donor only when one is damaged
         entry = src.entry(entry_id)
         if entry is None:
-            damaged.append((entry_id, "its manifest row is malformed"))
-            continue
+            if db.query("SELECT 1 FROM entries WHERE id = ?", (entry_id,)):
+                damaged.append((entry_id, "its manifest row is malformed"))
+            continue  # else evicted since it was ranked (by another process): nothing to set aside
         tensors = None
         if load:
             try:

@@ -89,14 +89,17 @@ class PostingCache:
         # vectors and prompt vector never change while it exists, and ids are never reused within a change log.
         self._sides: OrderedDict[tuple[int, int, str | None], Any] = OrderedDict()
         self._sides_base: Hashable = None
+        self._sides_generation = -1
         self.side_reads = 0  # donors read from the database (tests read it)
 
-    def side(self, base: Hashable, key: tuple[int, int, str | None], read: Callable[[], Any]) -> Any:
-        """A donor's decision inputs under `key` (entry id, dimension, embedder), read once per change log `base`."""
+    def side(self, base: Hashable, generation: int, key: tuple[int, int, str | None], read: Callable[[], Any]) -> Any:
+        """A donor's decision inputs under `key` (entry id, dimension, embedder), read once per change log `base`;
+        all are dropped when the generation goes back (a restored database may hand out ids again)."""
         with self._lock:
-            if base != self._sides_base:
+            if base != self._sides_base or generation < self._sides_generation:
                 self._sides.clear()
                 self._sides_base = base
+            self._sides_generation = generation
             held = self._sides.get(key)
             if held is not None:
                 self._sides.move_to_end(key)

@@ -203,11 +203,12 @@ def donor_side(manifest: Any, entry_id: int, dim: int, embedder: str | None = No
 
 
 def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rule: HitRule,
-           refusal: list[str], held: Any = None, base: Any = None) -> Iterator[int]:
+           refusal: list[str], held: Any = None, base: Any = None, generation: int = 0) -> Iterator[int]:
     """The proposed donors the rule's learned decision accepts, in order, decided one at a time as the caller asks
     (a hit loads the first; the others only stand in for a damaged one); when none is accepted, `refusal` ends up
     holding why the best refused one was refused. All of them when the rule has no decision or it was fitted on
-    another embedder. `held` (a `PostingCache`) keeps donors read before, under the change log `base`."""
+    another embedder. `held` (a `PostingCache`) keeps donors read before, under the change log `base` at
+    `generation`."""
     model = rule.decision
     if model is None or not candidates or not model.applies_to(entities.embedder):
         yield from candidates
@@ -219,7 +220,7 @@ def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rul
         if held is None:
             donor = donor_side(manifest, entry_id, dim, embedder)
         else:
-            donor = held.side(base, (entry_id, dim, embedder),
+            donor = held.side(base, generation, (entry_id, dim, embedder),
                               lambda entry_id=entry_id: donor_side(manifest, entry_id, dim, embedder))
         deciding = model.for_donor(donor)
         values = features(request, donor, rule)
