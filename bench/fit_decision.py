@@ -327,7 +327,7 @@ def choose_margin(t: Table, train: np.ndarray, cols: list[int], floor: float) ->
     """The smallest of `MARGINS` whose thresholds, chosen precision-first on all training styles but one and scored
     on that one (each in turn), keep the style-mean precisions at both targets: how far the training styles'
     precision must exceed a target for a style not trained on to meet it. Only `train` is read."""
-    rule = setting_rule(t, floor, cols)
+    rule = setting_rule(t, floor)
     gate = t.gates[floor]
     inner = [st for st in sorted(set(t.styles[train])) if (gate & train & (t.styles == st)).sum() >= MIN_STYLE_PROPOSED]
     for margin in MARGINS:
@@ -356,39 +356,28 @@ def fit_and_threshold(t: Table, train: np.ndarray, cols: list[int], floor: float
     return w, b, thr, prob
 
 
-_RULES: dict[tuple[int, float, bool], tuple] = {}
+_RULES: dict[tuple[int, float], tuple] = {}
 
 
-def reads_prompt(cols: list[int] | None) -> bool:
-    """Whether a feature set's columns read the donor's prompt vector (None: the shipped decision, which does)."""
-    from comfyui_chai.cache_store.lookup.decision import FEATURES, PROMPT_FEATURES
-
-    return cols is None or any(c >= len(FEATURES) or FEATURES[c] in PROMPT_FEATURES for c in cols)
-
-
-def setting_rule(t: Table, floor: float, cols: list[int] | None = None) -> np.ndarray:
+def setting_rule(t: Table, floor: float) -> np.ndarray:
     """Per pair, whether the decision accepts it whatever its model says (`decision.shared_outright`: one thing in
     one place on both sides with the request's first-named scene matched, or the first-named main subjects the
-    same on both sides); the gate still applies. A model over `cols` that reads no prompt vector serves entries
-    without one, so the rule sees none (`donor_prompt_best` 0), as the lookup does for them."""
+    same on both sides); the gate still applies."""
     from comfyui_chai.cache_store.lookup.decision import FEATURES, shared_outright
 
     n = len(FEATURES)
-    with_prompt = reads_prompt(cols)
-    key = (id(t.xs[floor]), floor, with_prompt)
+    key = (id(t.xs[floor]), floor)
     held = _RULES.get(key)
     if held is None or held[0] is not t.xs[floor]:
-        rows = [dict(zip(FEATURES, row[:n])) for row in t.xs[floor]]
-        if not with_prompt:
-            rows = [{**values, "donor_prompt_best": 0.0} for values in rows]
-        _RULES[key] = held = (t.xs[floor], np.array([shared_outright(values) for values in rows], dtype=bool))
+        _RULES[key] = held = (t.xs[floor], np.array([shared_outright(dict(zip(FEATURES, row[:n])))
+                                                     for row in t.xs[floor]], dtype=bool))
     return held[1]
 
 
 def loso(t: Table, cols: list[int], floor: float) -> list[tuple[str, int, int, float, float, float, float]]:
     """Per held-out style: (style, pairs, accepted, precision main, precision any, recall, threshold)."""
     out = []
-    rule = setting_rule(t, floor, cols)
+    rule = setting_rule(t, floor)
     for style in sorted(set(t.styles)):
         held = t.styles == style
         _, _, thr, prob = fit_and_threshold(t, ~held, cols, floor)
@@ -428,8 +417,8 @@ def compare(t: Table, name: str, floor: float, seed: int = 0, rounds: int = 2000
     variants["without the scene rule"] = (replace(t, gates=t.free), cols)
     accepted: dict[str, np.ndarray] = {}
     per: dict[str, dict[str, tuple]] = {}
+    rule = setting_rule(t, floor)
     for label, (table_, cols) in variants.items():
-        rule = setting_rule(t, floor, cols)
         accepted[label] = np.zeros(len(t.pairs), bool)
         per[label] = {}
         before = label.startswith("before it")
@@ -572,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         margin = choose_margin(t, everything, cols, floor) if CRITERION == "nested-margin" else 0.0
         margins[set_name] = margin
         w, b, thr, prob = fit_and_threshold(t, everything, cols, floor, margin=margin)
-        pm, pa, rec, n = rates(t.gates[floor] & ((prob >= thr) | setting_rule(t, floor, cols)), t.labels)
+        pm, pa, rec, n = rates(t.gates[floor] & ((prob >= thr) | setting_rule(t, floor)), t.labels)
         print(f"\n{set_name!r} fitted on all {len(t.pairs)} pairs: margin {margin:.2f}, threshold {thr:.2f}, "
               f"in-sample precision main {pm:.3f}, any {pa:.3f}, recall {rec:.3f} ({n} accepted)")
         return DecisionModel({FEATURES[c]: round(float(v), 6) for c, v in zip(cols, w)}, round(b, 6), thr, prefix)

@@ -169,11 +169,6 @@ def test_one_thing_in_one_place_on_both_sides_shares_the_setting_whatever_the_mo
                       side_of((GULL, BEACH), ("main", "scene"), np.stack([vector("gull"), vector("beach")])),
                       HitRule(0.65))
     assert refuse_all.accepts(values) and not refuse_all.accepts({**values, "scene_primary": 0.0})
-    # A donor whose prompt vector says the request's entities are only a backdrop of it goes to the model; without
-    # a prompt vector (0) the rule still applies.
-    assert not refuse_all.accepts({**values, "donor_prompt_best": 0.3})
-    assert refuse_all.accepts({**values, "donor_prompt_best": 0.6}) and refuse_all.accepts({**values,
-                                                                                            "donor_prompt_best": 0.0})
 
 
 def test_the_same_first_named_subject_on_both_sides_is_accepted_whatever_the_model_says(opener):

@@ -9,7 +9,7 @@ import numpy as np
 from ..entities.roles import SCENE
 from ..types import EmbeddedEntities, Match, shape_key
 from . import prompt_vector
-from .decision import BACKDROP, features, side_of
+from .decision import features, side_of
 from .rule import HitRule, IdentityFilter, SceneKeys, matched_role
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
@@ -234,6 +234,7 @@ def decide(manifest: Any, entities: EmbeddedEntities, candidates: list[int], rul
                           f"{deciding.threshold:.2f}: {explain(values)})"]
 
 
+BACKDROP = 0.5  # a request entity this far from the donor's whole prompt is at most a backdrop of it
 
 
 def explain(values: dict[str, float]) -> str:
