@@ -136,15 +136,15 @@ def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[st
         first = next((i for i, k in enumerate(kinds) if k == "object"), None)
         if first is not None:
             roles[first] = MAIN
-    _move_ends(doc, heads, kinds, roles)
-    _owners(doc, heads, kinds, roles)
+    where = {h: k for k, h in enumerate(heads)}  # entity index by head token
+    _move_ends(doc, where, kinds, roles)
+    _owners(doc, where, kinds, roles)
     return roles
 
 
-def _owners(doc: "Doc", heads: Sequence[int], kinds: Sequence[str], roles: list[str]) -> None:
+def _owners(doc: "Doc", where: dict[int, int], kinds: Sequence[str], roles: list[str]) -> None:
     """A main part with an owner ("the eyes of a black cat", "the tiger's eye") hands its role to the owner."""
-    where = {h: k for k, h in enumerate(heads)}
-    for k, head in enumerate(heads):
+    for head, k in where.items():
         tok = doc[head]
         if roles[k] != MAIN or tok.lemma_.lower() not in PART_NOUNS:
             continue
@@ -163,11 +163,10 @@ def _owners(doc: "Doc", heads: Sequence[int], kinds: Sequence[str], roles: list[
 _MOVE_TARGETS = frozenset({"to", "toward", "towards", "into", "onto"})
 
 
-def _move_ends(doc: "Doc", heads: Sequence[int], kinds: Sequence[str], roles: list[str]) -> None:
+def _move_ends(doc: "Doc", where: dict[int, int], kinds: Sequence[str], roles: list[str]) -> None:
     """A camera move "from A to B" whose start is the main subject (or its part) has its end in it too."""
     if not doc.has_annotation("DEP"):
         return
-    where = {h: k for k, h in enumerate(heads)}
     for tok in doc:
         if tok.lower_ != "from":
             continue

@@ -119,7 +119,7 @@ def _entry_from_row(row: sqlite3.Row, entities: Sequence[str] = ()) -> EntryInfo
         shape=tuple(json.loads(row["shape"])), dtype=row["dtype"], nbytes=row["nbytes"],
         sigmas=tuple(json.loads(row["sigmas"])), tensors=tuple(json.loads(row["tensors"])),
         created=row["created"], last_used=row["last_used"], hits=row["hits"], file=row["file"],
-        checksum=row["checksum"] if "checksum" in row.keys() else "",
+        checksum=row["checksum"],
     )
 
 
