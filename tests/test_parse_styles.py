@@ -287,3 +287,94 @@ def test_entities_with_heads_name_each_entitys_head_token(extractor):
     got = [(e.text, doc[i].text) for e, i in extractor.entities_with_heads(doc)]
     assert got == [("red fox", "fox"), ("deep snow", "snow")]
     assert [e for e, _ in extractor.entities_with_heads(doc)] == extractor.entities_from_doc(doc)
+
+
+@pytest.mark.parametrize("prompt, kept", [
+    ("A lion at sunset, mane glowing in the backlight, 35mm, anamorphic, soft bokeh, 4K.", "lion"),
+    ("a ladybug crawling on a green leaf, macro", "ladybug"),
+    ("Cinematic tracking shot of a chef in a crowded kitchen", "chef"),
+    ("Dolly shot, slow push in on a steaming cup of coffee", "coffee"),
+    ("A surfer at dawn, teal and orange palette, warm tone, Kodak film look, motion blur, high frame rate, 8K.",
+     "surfer"),
+    ("Extreme macro of a match head bursting into flame, long exposure, product photography", "match head"),
+])
+def test_lens_format_and_grading_words_are_no_entities(extractor, prompt, kept):
+    got = roles(extractor, prompt)
+    assert got.get(kept) == "main"
+    words = {"mm", "macro", "cinematic", "push", "palette", "tone", "look", "blur", "rate", "8k", "4k", "4k.",
+             "8k.", "bokeh", "anamorphic", "exposure", "photography"}
+    assert not [t for t in got if set(t.split()) & words], got
+
+
+def test_typo_repair_keeps_the_first_letter(extractor):
+    words = extractor.words
+    assert words.correct("backlight") is None  # not "jacklight"
+    assert words.correct("barista") is None  # not "arista"
+    assert "barista" in roles(extractor, "a barista pouring latte art")
+    assert words.correct("lighthose") == "lighthouse"
+    assert WordClasses(nouns=frozenset({"jacket", "packet"})).correct("backet") is None
+    assert WordClasses(nouns=frozenset({"jacket", "packet"})).correct("pakcet") == "packet"
+
+
+def test_a_verb_before_a_determiner_is_a_verb_after_a_plural_too(extractor):
+    found = roles(extractor, "Detective Frank Malone in a trench coat and fedora lights a cigarette")
+    assert "fedora" in found and not [t for t in found if "light" in t.split()]
+
+
+def test_a_noun_tagged_as_an_adjective_before_a_participle_it_heads(extractor):
+    found = roles(extractor, "A fisherman standing knee-deep in a misty mountain river, casting a fly line")
+    assert found.get("fisherman") == "main" and found.get("misty mountain river") == "scene"
+    assert "knee-deep" not in found  # a hyphenated adjective is no entity, whatever its determiner
+
+
+def test_a_subject_the_parse_compounds_onto_its_participle_keeps_the_main_role(extractor):
+    found = roles(extractor, "A desert highway at noon, a lone vintage muscle car speeding toward the camera, "
+                             "heat shimmer distorting the horizon")
+    assert found.get("lone vintage muscle car") == "main"
+
+
+@pytest.mark.parametrize("prompt, name, verb", [
+    ("Kenji kneels beside a frozen river, washing the blood from his katana", "kenji", "kneel"),
+    ("Olav hauls cod onto his boat in rough grey seas", "olav", "haul"),
+    ("A dust storm rolls toward the habitat as Reyes hurries back to the airlock", "reyes", "hurry"),
+])
+def test_a_named_character_opening_a_clause_keeps_its_verb_apart(extractor, prompt, name, verb):
+    got = roles(extractor, prompt)
+    assert name in got
+    assert not [t for t in got if verb in t.split() or t.endswith(verb + "s")]
+
+
+@pytest.mark.parametrize("prompt, entity", [
+    ("Christmas lights in the window", "christmas light"),
+    ("London buses in the rain", "london bus"),
+])
+def test_a_plural_after_a_name_stays_a_noun(extractor, prompt, entity):
+    assert entity in roles(extractor, prompt)
+
+
+@pytest.mark.parametrize("prompt, scene", [
+    ("a crowded nightclub with lasers and a DJ", "crowded nightclub"),
+    ("A skateboarder drops into a bowl at the Venice Beach skatepark", "venice beach skatepark"),
+    ("a moose wading in front of a red cabin at dawn", "red cabin"),
+    ("A snow leopard crossing a rocky Himalayan ridge", "rocky himalayan ridge"),
+])
+def test_venues_buildings_and_landforms_are_scenes(extractor, prompt, scene):
+    assert roles(extractor, prompt).get(scene) == "scene"
+
+
+def test_a_tag_list_names_what_its_person_is_as_the_subject(extractor):
+    assert normalise_tags("masterpiece, 1girl, red hair, courier, riding bicycle, rain") == \
+        "a girl, a courier. red hair. riding bicycle. rain"
+    got = roles(extractor, "masterpiece, 1girl, astronaut, floating, space station, earth in window")
+    assert got.get("astronaut") == "main" and got.get("space station") == "scene"
+    assert roles(extractor, "masterpiece, 2boys, samurai, cherry blossoms, katana").get("samurai") == "main"
+    # a thing the person wears is no role: it stays secondary
+    assert roles(extractor, "1girl, solo, long hair, witch hat, forest").get("witch hat") == "secondary"
+
+
+def test_a_person_named_by_a_noun_is_no_generic_person(extractor):
+    got = roles(extractor, "The skater girl with pink braids rolls through empty streets at dawn")
+    assert got.get("skater girl") == "main"
+    assert "courier girl" in roles(extractor, "a courier girl riding a bicycle through the rain")
+    # adjectives leave a person generic: the activity stays in the text
+    assert "old man feeding pigeon" in roles(extractor, "an old man feeding pigeons")

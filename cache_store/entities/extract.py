@@ -185,7 +185,7 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
     cleaned = [_clean(doc, indices, nominal) for indices in raw]
     merged: dict[str, tuple[Entity, int]] = {}
     for indices in _outermost(cleaned):
-        made = _make_entity(doc, indices, nominal, strip_heads)
+        made = _make_entity(doc, indices, nominal, strip_heads, words)
         if made is None:
             continue
         entity = made[0]
@@ -325,8 +325,8 @@ def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:
     return out
 
 
-def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs,
-                 strip_heads: frozenset[str]) -> tuple[Entity, int] | None:
+def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_heads: frozenset[str],
+                 words: WordClasses = WordClasses()) -> tuple[Entity, int] | None:
     # "desert scene" -> "desert": a template head gives way to the noun that modifies it.
     while len(indices) > 1 and _lemma(doc[indices[-1]]) in strip_heads and _is_head(doc[indices[-2]], nominal):
         indices = indices[:-1]
@@ -340,7 +340,7 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs,
     parts: list[str] = []
     for pos, i in enumerate(indices):
         word = head_lemma if i == head_tok.i else doc[i].lower_
-        parts.append(word)
+        parts.append(word.rstrip(".") or word)  # "4K." at a sentence's end is one token
         if pos + 1 < len(indices):
             glued = indices[pos + 1] == i + 1 and not doc[i].whitespace_
             parts.append("" if glued else " ")
@@ -352,11 +352,27 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs,
         return None  # "black" and "grey" in "a black and grey cat", "a red" cut short, are looks; "an orange" is a thing
     kind = _kind(text, head, doc, indices, head_tok)
     core = _core(doc, indices, head)
-    if head in GENERIC_PEOPLE:
+    if head in GENERIC_PEOPLE and not _names_a_role(doc, indices[:-1], words):
         doing = activity(doc, head_tok.i, _lemma)
         text = f"{text} {doing}" if doing else text
         core = text
     return Entity(text=text, kind=kind, head=head, core=core if core != head else ""), head_tok.i
+
+
+def _names_a_role(doc: "Doc", modifiers: tuple[int, ...], words: WordClasses) -> bool:
+    """Whether a noun before a generic person says what the person is ("skater girl", "courier girl", "business
+    man"): such a person is no longer generic. Adjectives ("old man", "little girl", "blonde woman") are not."""
+    for i in modifiers:
+        tok = doc[i]
+        word = tok.lower_
+        if not tok.is_alpha or word in COLOUR_WORDS:
+            continue
+        if words and word in words.nouns:
+            if not words.is_adjective(word):
+                return True
+        elif tok.pos_ in ("NOUN", "PROPN") and tok.dep_ == "compound":
+            return True
+    return False
 
 
 def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:

@@ -68,6 +68,18 @@ SCENE_HEADS = frozenset({
     "trail", "tundra", "tunnel", "university", "valley", "village", "vineyard", "volcano", "warehouse",
     "waterfall", "waterfront", "wetland", "wilderness", "windmill", "woodland", "woods", "workshop", "yard",
     "zoo",
+    # Venues, buildings seen as places and landforms the VBench categories leave out (issue 25's prose and series).
+    "nightclub", "discotheque", "pub", "tavern", "saloon", "diner", "bistro", "brewery", "winery", "casino",
+    "arcade", "salon", "barbershop", "bookstore", "bookshop", "boutique", "gallery", "venue", "lounge", "dojo",
+    "shrine", "pagoda", "bazaar", "souk", "courthouse", "prison", "jail", "chapel", "inn", "motel", "hostel",
+    "resort", "spa", "skatepark", "auditorium", "amphitheater", "amphitheatre", "colosseum", "racetrack",
+    "velodrome", "rink", "fairground", "boardwalk", "promenade", "port", "seaport", "fjord", "gorge", "ravine",
+    "oasis", "steppe", "badlands", "mesa", "ridge", "summit", "crater", "cove", "inlet", "atoll", "estuary",
+    "glade", "thicket", "moor", "heath", "bog", "quarry", "underpass", "overpass", "laundromat", "observatory",
+    "planetarium", "cockpit", "hangar", "bunker", "metropolis", "slum", "favela", "hamlet", "outback", "taiga",
+    "paddy", "riverside", "backstreet", "storefront", "penthouse", "loft", "apartment", "cabin", "cottage",
+    "chalet", "farmhouse", "villa", "manor", "fortress", "citadel", "ruin", "lakeshore", "waterway", "dungeon",
+    "catacomb", "sanctuary", "plantation",
 })
 # Multi-word places whose head alone would say "object" (a jail cell, a phone booth, a golf course).
 SCENE_PHRASES = frozenset({
@@ -103,3 +115,70 @@ PART_NOUNS = frozenset({
     "lip", "ear", "hair", "skin", "scale", "horn", "mane", "hoof", "leg", "foot", "finger", "tooth", "shoulder",
     "arm", "belly", "whisker", "antler", "tusk", "wheel", "sole", "dial", "helmet", "visor", "hood", "engine",
 })
+
+# What a person is as a tag list names it after the count tag ("1girl, astronaut"): the tag is the subject too.
+PERSON_ROLES = frozenset({
+    "astronaut", "cosmonaut", "samurai", "ninja", "knight", "witch", "wizard", "mage", "sorcerer", "sorceress",
+    "warlock", "necromancer", "druid", "shaman", "priest", "priestess", "nun", "monk", "paladin", "ranger",
+    "archer", "warrior", "soldier", "gladiator", "viking", "spartan", "pirate", "cowboy", "cowgirl", "sheriff",
+    "gunslinger", "bandit", "thief", "assassin", "spy", "agent", "detective", "cop", "policeman", "policewoman",
+    "firefighter", "sailor", "captain", "pilot", "courier", "dj", "chef", "cook", "baker", "barista",
+    "bartender", "waiter", "waitress", "maid", "butler", "nurse", "doctor", "surgeon", "scientist", "hacker",
+    "gamer", "streamer", "idol", "singer", "dancer", "ballerina", "musician", "guitarist", "drummer",
+    "pianist", "violinist", "skater", "skateboarder", "surfer", "snowboarder", "skier", "cyclist", "runner",
+    "wrestler", "athlete", "cheerleader", "bride", "groom", "farmer", "fisherman", "hunter", "mechanic",
+    "engineer", "explorer", "adventurer", "traveler", "traveller", "hiker", "climber", "diver", "swimmer",
+    "photographer", "painter", "artist", "geisha", "kunoichi", "princess", "prince", "queen", "king", "emperor",
+    "empress", "pharaoh", "vampire", "werewolf", "zombie", "ghost", "elf", "dwarf", "orc", "angel", "demon",
+    "succubus", "mermaid", "fairy", "catgirl", "foxgirl", "android", "cyborg", "superhero", "villain", "schoolgirl",
+    "schoolboy", "student", "teacher", "office worker", "salaryman", "businessman", "businesswoman",
+    "police officer", "magical girl", "shrine maiden", "miko", "nomad", "merchant", "blacksmith", "alchemist",
+})
+
+# Nouns that make a thing a likeness of another ("teddy bear", "toy car", "carousel horse", "wax seal" is no seal):
+# a compound with one of them never names the same thing as the bare head or another compound without it.
+DEPICTION_WORDS = frozenset({
+    "toy", "toys", "teddy", "plush", "plushie", "stuffed", "carousel", "rocking", "origami", "lego", "gingerbread",
+    "chocolate", "cardboard", "balloon", "inflatable", "clay", "wax", "plasticine", "statue", "sculpture",
+    "figurine", "puppet", "doll", "model", "miniature", "robot", "robotic", "mechanical", "cartoon", "hologram",
+    "holographic", "paper-mache", "papier-mache", "marzipan", "lollipop", "candy",
+})
+
+# Kinds of place whose members look alike in a video: two scenes of one kind agree whatever their words' similarity
+# ("deep sea" / "dark ocean", "field" / "meadow", "jungle" / "rainforest"; the rubric's "pine forest" / "dense
+# forest"). Rooms, buildings and named places keep the similarity test.
+_SCENE_KINDS = {
+    "sea": ("sea", "ocean", "lagoon", "bay", "cove", "inlet", "fjord", "estuary", "reef", "atoll"),
+    "coast": ("beach", "shore", "shoreline", "seashore", "seaside", "coast", "coastline"),
+    "harbour": ("harbor", "harbour", "marina", "port", "seaport", "pier", "dock", "waterfront", "boardwalk"),
+    "freshwater": ("lake", "pond", "lakeside", "lakeshore"),
+    "river": ("river", "stream", "creek", "riverbank", "riverside", "canal", "waterway"),
+    "road": ("road", "highway", "lane", "trail", "raceway", "racetrack"),
+    "street": ("street", "alley", "alleyway", "backstreet", "sidewalk", "avenue", "boulevard", "crosswalk",
+               "downtown", "plaza", "square"),
+    "city": ("city", "cityscape", "metropolis", "skyline", "town", "village", "hamlet", "neighborhood",
+             "neighbourhood", "suburb"),
+    "grassland": ("field", "meadow", "pasture", "prairie", "plain", "savanna", "savannah", "steppe", "farmland",
+                  "paddy"),
+    "woodland": ("forest", "woods", "woodland", "jungle", "rainforest", "grove", "glade", "thicket"),
+    "mountain": ("mountain", "mountainside", "hill", "hillside", "ridge", "summit", "slope", "plateau", "valley"),
+    "gorge": ("canyon", "gorge", "ravine", "cliff", "mesa", "badlands"),
+    "desert": ("desert", "dune", "oasis"),
+    "ice": ("glacier", "tundra", "iceberg"),
+    "wetland": ("marsh", "swamp", "wetland", "bog", "moor", "heath"),
+    "space": ("space", "galaxy"),
+}
+SCENE_KIND = {head: kind for kind, heads in _SCENE_KINDS.items() for head in heads}
+
+
+def places_of_a_kind(head: str) -> tuple[str, ...]:
+    """The scene heads of `head`'s kind of place (itself included), or () when it belongs to none."""
+    kind = SCENE_KIND.get(head)
+    return _SCENE_KINDS[kind] if kind is not None else ()
+
+
+def same_kind_of_place(a: str, b: str) -> bool:
+    """Whether two scene heads name places of one kind ("sea" / "ocean", "field" / "meadow")."""
+    kind = SCENE_KIND.get(a)
+    return kind is not None and kind == SCENE_KIND.get(b)
+

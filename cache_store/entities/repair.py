@@ -69,7 +69,8 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     """The repaired nouns and verbs of a parsed prompt."""
     verbal = _verbs_taken_for_nouns(doc, words)
     # The subject of a repaired verb is a noun even where the tagger said adjective ("convertible kicks").
-    subjects = {v - 1 for v in verbal if doc[v - 1].tag_ == "JJ" and doc[v - 1].lower_ in words.nouns}
+    subjects = {v - 1 for v in verbal if doc[v - 1].tag_ == "JJ" and (doc[v - 1].lower_ in words.nouns
+                                                                      or doc[v - 1].text[:1].isupper())}
     doers, doing = _nouns_before_participles(doc, words)
     verbal |= doing
     return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers
@@ -111,6 +112,9 @@ def _nouns_before_participles(doc: "Doc", words: WordClasses) -> tuple[set[int],
             continue
         ing = nxt.lower_
         stems = (ing[:-3], ing[:-3] + "e", ing[:-4], ing[:-4] + "ie")  # swim-ming, glid-ing, ly-ing
+        if nxt.tag_ == "VBG" and ing.endswith("ing"):
+            nouns.add(tok.i)  # "A fisherman standing knee-deep" (sm: JJ VBG): the participle is tagged right
+            continue
         if nxt.tag_ != "NN" or not ing.endswith("ing") or not any(stem in words.verbs for stem in stems):
             continue
         after = doc[tok.i + 2] if tok.i + 2 < len(doc) else None
@@ -167,9 +171,20 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
         if prev.lower_ in CAMERA_WORDS and tok.pos_ in ("NOUN", "PROPN", "VERB", "ADJ", "X"):
             out.add(tok.i)  # "camera orbits", "camera zoom in", "camera pans left"
             continue
-        singular_prev = not prev.is_stop and (prev.tag_ in ("NN", "NNP")
-                                              or (prev.tag_ == "JJ" and prev.lower_ in words.nouns))
-        if tok.tag_ not in ("NNS", "VBZ") or not tok.lower_.endswith("s") or not singular_prev:
+        if _named_subject_acts(doc, tok, words):
+            out.add(tok.i)  # "Olav hauls cod onto his boat", "Kenji kneels beside a river", "Reyes hurries back"
+            continue
+        noun_prev = not prev.is_stop and (prev.tag_ in ("NN", "NNP", "NNS")
+                                          or (prev.tag_ == "JJ" and prev.lower_ in words.nouns))
+        if tok.tag_ not in ("NNS", "VBZ") or not tok.lower_.endswith("s") or not noun_prev:
+            continue
+        nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+        if nxt is not None and nxt.lower_ in _OBJECT_DETS:
+            # "... in a long coat lights a cigarette", "a trench coat and fedora lights a cigarette" (sm: fedora
+            # NNS): a plural noun never takes a determiner after it.
+            out.add(tok.i)
+            continue
+        if prev.tag_ == "NNS":
             continue
         sent = tok.sent if doc.has_annotation("DEP") else doc[:]
         j = prev.i
@@ -179,10 +194,6 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
                 and doc[j - 1].tag_ != "NNS":
             j -= 1  # "a sleek high-speed train glides", "a cherry red 1959 convertible", "a white-and-orange sneaker"
         det = doc[j - 1] if j > sent.start else None
-        nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
-        if nxt is not None and nxt.lower_ in _OBJECT_DETS:
-            out.add(tok.i)  # "... in a long coat lights a cigarette": a plural noun never takes a determiner after it
-            continue
         if det is None or (nxt is not None and nxt.pos_ in _HEAD_POS):
             continue
         only_singular = det.lower_ in _ONLY_SINGULAR_DETS or det.tag_ in _POSSESSOR_TAGS
@@ -190,6 +201,38 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
             continue  # "the dog toys lie on the floor": the sentence has its verb
         out.add(tok.i)
     return out
+
+
+_CLAUSE_OPENERS = frozenset({"as", "while", "when", "then", "and", "before", "after", "until", "once"})
+_PARTICLES = frozenset({"RB", "RP"})
+_PERSON_PRONOUNS = frozenset({"his", "her", "he", "she", "him", "himself", "herself", "their", "them", "they"})
+
+
+def _named_subject_acts(doc: "Doc", tok: "Token", words: WordClasses) -> bool:
+    """A verb's -s form right after a name that opens its clause ("Kenji kneels", "as Reyes hurries back"), which
+    sm tags NNS and glues to the name. A plural after a name ("Christmas lights in the window", "London buses")
+    stays a noun: the word must be no noun's plural, or be followed by a particle ("back", "down"), or the clause
+    must go on to speak of a person ("his boat")."""
+    prev = doc[tok.i - 1]
+    if tok.tag_ not in ("NNS", "VBZ") or not tok.lower_.endswith("s") or not prev.is_alpha or prev.is_stop:
+        return False
+    # A name: capitalised, no acronym, and no common noun unless the tagger says name inside a sentence ("Dog walks"
+    # opening a caption is a noun; "as Reyes hurries" is a name although the tables know a noun "reyes").
+    common = prev.lower_ in words.nouns and (prev.is_sent_start or prev.tag_ != "NNP")
+    if not prev.text[0].isupper() or prev.is_upper or common:
+        return False
+    before = doc[prev.i - 1] if prev.i > 0 else None
+    if before is not None and not prev.is_sent_start and not before.is_punct and before.lower_ not in _CLAUSE_OPENERS:
+        return False  # "the old Ford trucks": a name inside a noun phrase
+    word = tok.lower_
+    bases = (word[:-1], word[:-2], word[:-3] + "y" if word.endswith("ies") else "")
+    if not any(b and b in words.nouns for b in bases):
+        return True  # "kneels": no noun "kneel"
+    nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+    if nxt is not None and nxt.tag_ in _PARTICLES:
+        return True
+    end = tok.sent.end if doc.has_annotation("DEP") else len(doc)
+    return any(t.lower_ in _PERSON_PRONOUNS for t in doc[tok.i + 1:end])
 
 
 def _has_finite_verb(sent: "Span", tok: "Token") -> bool:
@@ -221,6 +264,8 @@ def _repaired_nouns(doc: "Doc", words: WordClasses) -> set[int]:
                 # "a golden retriever playing" (sm: det -> playing): the noun is the word before the participle
                 repaired.add(prev.i)
                 continue
+            if tok.i > 1 and _is_glued_hyphen(doc, tok.i - 1) and words.is_adjective(tok.lower_):
+                continue  # "A fisherman standing knee-deep": a hyphenated adjective, whatever its determiner
             repaired.add(tok.i)  # a determiner attached to it makes it a noun: "a stop sign" (sign as VB)
             continue
         if tok.pos_ not in ("ADJ", "ADV") or tok.is_stop or not tok.is_alpha:
@@ -247,6 +292,13 @@ def _repaired_nouns(doc: "Doc", words: WordClasses) -> set[int]:
                                                                       ("ADJ", "ADV", "NOUN", "PROPN")):
                 repaired.add(tok.i)
     return repaired
+
+
+def _is_glued_hyphen(doc: "Doc", i: int) -> bool:
+    """A hyphen written tight between two words ("knee-deep")."""
+    tok = doc[i]
+    return (tok.text == "-" and 0 < i < len(doc) - 1 and not doc[i - 1].whitespace_ and not tok.whitespace_
+            and doc[i - 1].is_alpha and doc[i + 1].is_alpha)
 
 
 def _looks_mistagged(tok: "Token") -> bool:

@@ -117,6 +117,11 @@ def activity(doc: "Doc", head_index: int, lemma: Callable[["Token"], str] = lamb
 def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[str]:
     """The role of each entity, given its head token index and kind, in order of mention."""
     focus = focus_tokens(doc)
+    # "..., a lone vintage muscle car speeding toward the camera" (sm: car compound of "speeding" NN): the parse
+    # makes the participle the noun, the entity's head is the word before it.
+    heads_set = set(heads)
+    focus |= {f - 1 for f in focus if f not in heads_set and f - 1 in heads_set and doc[f].lower_.endswith("ing")
+              and doc[f - 1].dep_ == "compound" and doc[f - 1].head.i == f}
     sent = next(iter(doc.sents), None) if doc.has_annotation("DEP") else None
     root_is_entity = sent is not None and sent.root.i in heads
     roles = []

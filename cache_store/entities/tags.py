@@ -13,6 +13,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from .lexicon import PERSON_ROLES
+
 TAG_WORDS_FILE = Path(__file__).resolve().parent / "data" / "tag_words.txt"
 MIN_TAGS = 4          # a tag list has at least this many comma-separated parts ...
 MAX_MEAN_WORDS = 3.5  # ... of at most this many words on average
@@ -78,8 +80,20 @@ def normalise_tags(text: str) -> str:
             subjects.append(person)
         elif tag not in drop and not tag.startswith(("score ", "by ", "artist:")):
             rest.append(part.replace("_", " "))
+    at = next((k for k, tag in enumerate(rest) if _role_tag(tag)), None) if subjects else None
+    if at is not None:
+        # "1girl, red hair, astronaut": what the person is, in the subject's sentence ("a girl, an astronaut").
+        role = " ".join(rest.pop(at).lower().split())
+        article = "" if not subjects[-1].startswith(("a ", "an ")) else ("an " if role[0] in "aeiou" else "a ")
+        subjects[-1] = f"{subjects[-1]}, {article}{role}"
     # One sentence a tag: the first sentence names the main subject, the others are secondary or scenes.
     return ". ".join(subjects + rest)
+
+
+def _role_tag(tag: str) -> bool:
+    """Whether a tag names what a person is ("astronaut", "police officer", "samurais")."""
+    words = " ".join(tag.lower().split())
+    return words in PERSON_ROLES or (words.endswith("s") and words[:-1] in PERSON_ROLES)
 
 
 __all__ = ["is_tag_list", "normalise_tags", "strip_weights", "tag_words"]

@@ -84,7 +84,8 @@ class WordClasses:
         if len(w) < MIN_TYPO_CHARS or self.known(w):
             return None
         for candidates in _edits(w):
-            hits = {c for c in candidates if c in self.nouns and len(c) >= MIN_TYPO_CHARS - 1}
+            # Typos keep the first letter: "backlight" is no "jacklight", "rivr" is a "river".
+            hits = {c for c in candidates if c in self.nouns and len(c) >= MIN_TYPO_CHARS - 1 and c[0] == w[0]}
             if hits:
                 return hits.pop() if len(hits) == 1 else None  # two equally likely nouns: leave the word
         return None
