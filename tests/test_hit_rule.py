@@ -96,7 +96,7 @@ def test_any_role_widens_only_the_roles():
 
 
 WORDS = ("dog", "sausage", "fire", "truck", "lion", "sea", "man", "red", "hot", "bear", "teddy", "street", "city",
-         "horse", "seahorse", "dragon", "dragonfly")
+         "horse", "seahorse", "dragon", "dragonfly", "toy")
 
 
 def _entity(rng: np.random.Generator, role: str = MAIN) -> Entity:
@@ -139,10 +139,25 @@ def test_compounds_written_as_one_word_count_like_open_ones():
         assert not rule.same_thing(obj(a), obj(b), 0.99) and not rule.same_thing(obj(b), obj(a), 0.99)
         assert rule.identity_filter(obj(a), "", b, 0.99) is None
     # It ends the longer: a kind, at the compound threshold ("horse" / "sea horse").
-    assert not rule.same_thing(obj("horse"), obj("seahorse"), 0.8)
+    assert not rule.same_thing(obj("horse"), obj("seahorse"), 0.68)
     assert rule.same_thing(obj("horse"), obj("seahorse"), 0.9)
-    assert not rule.identity_filter(obj("horse"), "", "seahorse", 0.8).admits("object", "seahorse")
+    assert not rule.identity_filter(obj("horse"), "", "seahorse", 0.68).admits("object", "seahorse")
     # Short parts are no compounds; places keep theirs.
     assert closed_compound("bee", "beer") == "" and rule.same_thing(obj("bee"), obj("beer"), 0.7)
     sea, shore = Entity("sea", "scene", "sea", "scene"), Entity("seashore", "scene", "seashore", "scene")
     assert rule.same_thing(sea, shore, 0.7)
+
+
+def test_a_likeness_is_never_the_thing_it_depicts():
+    rule = HitRule(0.6)
+    obj = lambda text: Entity(text, "object", text.rsplit(" ", 1)[-1], MAIN, text if " " in text else "")  # noqa: E731
+    for likeness, thing in (("teddy bear", "bear"), ("toy car", "car"), ("carousel horse", "horse"),
+                            ("wax seal", "seal"), ("teddy bear", "grizzly bear")):
+        for a, b in ((likeness, thing), (thing, likeness)):
+            assert not rule.same_thing(obj(a), obj(b), 0.99), (a, b)
+            only = rule.identity_filter(obj(a), obj(b).core, obj(b).head, 0.99)
+            assert only is None or not only.admits("object", b)
+    # two likenesses of one kind, or two kinds of the real thing, still meet the compound threshold
+    assert rule.same_thing(obj("toy car"), obj("toy car"), 0.7)
+    assert rule.same_thing(obj("grizzly bear"), obj("bear"), 0.9)
+    assert rule.same_thing(obj("teddy bear"), obj("toy teddy bear"), 0.9) is False  # "toy" on one side only

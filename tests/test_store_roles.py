@@ -47,11 +47,25 @@ def test_the_same_main_subject_in_another_scene_is_a_miss_that_says_why(opener):
         served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, HitRule(THR))
         assert served.hit and served.entry.prompt == "a dog"
         # more conflicting entries than the lookup's candidate list, all newer: the scene-less one still serves
-        for i, place in enumerate(["desert", "city", "snow", "lake", "river", "canyon", "meadow", "harbor", "jungle"]):
+        for i, place in enumerate(["desert", "city", "snow", "lake", "river", "canyon", "meadow", "harbor", "cave"]):
             s.insert(f"a dog in the {place}", embedded(dog, Entity(place, "scene", place, "scene")), FP,
                      latents(3 + i), SIGMAS)
         served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, HitRule(THR))
         assert served.hit and served.entry.prompt == "a dog"
+
+
+def test_scenes_of_one_kind_of_place_agree_whatever_their_words(opener):
+    dog = Entity("dog", "object", "dog", "main")
+    with opener("c", StoreConfig(10**9)) as s:
+        s.insert("a dog in the jungle", embedded(dog, Entity("jungle", "scene", "jungle", "scene")), FP, latents(1),
+                 SIGMAS)
+        s.insert("a dog on a beach", embedded(dog, Entity("beach", "scene", "beach", "scene")), FP, latents(2), SIGMAS)
+        assert float(vector("forest") @ vector("jungle")) < THR  # far apart for the test embedder, but both woodland
+        served = s.lookup(embedded(dog, Entity("forest", "scene", "forest", "scene")), FP, SHAPE, HitRule(THR))
+        assert served.hit and served.entry.prompt == "a dog in the jungle"
+        # the beach (a coast) agrees with neither woodland nor the sea's other kinds: "a dog in a meadow" misses
+        missed = s.lookup(embedded(dog, Entity("meadow", "scene", "meadow", "scene")), FP, SHAPE, HitRule(THR))
+        assert not missed.hit and "another scene" in missed.reason
 
 
 def test_a_noun_compounded_on_one_side_names_another_thing(opener):
@@ -62,7 +76,8 @@ def test_a_noun_compounded_on_one_side_names_another_thing(opener):
         sea_lion = Entity("sea lion", "object", "lion", "main", "sea lion")
         lion, other = vector("lion"), vector("zebra")
         other = other - (other @ lion) * lion
-        close = 0.8 * lion + 0.6 * other / np.linalg.norm(other)  # similarity 0.8 to "lion"
+        # similarity 0.65 to "lion": under the compound threshold (0.70), over the rule's (0.5)
+        close = 0.65 * lion + float(np.sqrt(1 - 0.65 ** 2)) * other / np.linalg.norm(other)
         assert not s.lookup(EmbeddedEntities((sea_lion,), close[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit
         plain = Entity("old lion", "object", "lion", "main")  # an adjective: the same kind of thing
         assert s.lookup(EmbeddedEntities((plain,), close[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit

@@ -258,14 +258,15 @@ def agreeing_scenes(entities: EmbeddedEntities, matched: Matched) -> SceneKeys |
     """The stored scenes the request's scenes match (None when the request names no scene: no scene filter).
 
     Only identities among the index's nearest stored entities of each scene are candidates (`NEIGHBOURS`), so a
-    stored scene past them counts as another scene: a miss that could have been a hit, never a hit from another
-    scene.
+    stored scene past them counts as another scene (unless it names the same kind of place: `SceneKeys.heads`): a
+    miss that could have been a hit, never a hit from another scene.
     """
     scenes = {q for q, e in enumerate(entities.entities) if e.role == SCENE}
     if not scenes:
         return None
     return SceneKeys(tuple(sorted({(m.core, m.head) for m in matched.identities if m.q in scenes})),
-                     tuple(sorted({eid for q, eid, _ in matched.entities if q in scenes})))
+                     tuple(sorted({eid for q, eid, _ in matched.entities if q in scenes})),
+                     SceneKeys.kind_heads(entities.entities))
 
 
 def entry_scene(manifest: Any, entry_id: int) -> str:
