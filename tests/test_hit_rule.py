@@ -14,7 +14,7 @@ from comfyui_chai.cache_store.lookup.rule import HitRule, closed_compound
 from comfyui_chai.cache_store.types import EmbeddedEntities
 
 DIM = 6
-PLACES = ("beach", "forest", "street", "desert", "harbour")
+PLACES = ("beach", "forest", "street", "desert", "harbour", "jungle")  # forest and jungle: one kind of place
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -64,13 +64,18 @@ def _sql_keeps(rule: HitRule, request: list[Entity], donor: list[Entity], vector
 def test_the_scene_predicate_and_its_sql_agree(threshold, scenes_must_agree):
     rule = HitRule(threshold, scenes_must_agree=scenes_must_agree)
     cases = _cases(np.random.default_rng(int(threshold * 100)), 300)
-    outcomes = []
+    outcomes, by_kind = [], 0
     for request, donor, vectors in cases:
-        python = rule.scenes_agree(request, donor, lambda q, d: float(vectors[q.text] @ vectors[d.text]))
+        sim = lambda q, d: float(vectors[q.text] @ vectors[d.text])  # noqa: E731
+        python = rule.scenes_agree(request, donor, sim)
         assert _sql_keeps(rule, request, donor, vectors) == python, (request, donor)
         outcomes.append(python)
+        # agreement only by kind of place: two scenes of one kind, no pair at the threshold
+        here, there = [e for e in request if e.role == SCENE], [e for e in donor if e.role == SCENE]
+        by_kind += bool(python and here and there and not any(sim(q, d) >= threshold for q in here for d in there))
     if scenes_must_agree:
         assert len(set(outcomes)) == 2  # the cases exercise both answers
+        assert by_kind  # ... and scenes that agree only by their kind of place ("forest" / "jungle")
     else:
         assert all(outcomes)
 
