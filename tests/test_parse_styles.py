@@ -378,3 +378,10 @@ def test_a_person_named_by_a_noun_is_no_generic_person(extractor):
     assert "courier girl" in roles(extractor, "a courier girl riding a bicycle through the rain")
     # adjectives leave a person generic: the activity stays in the text
     assert "old man feeding pigeon" in roles(extractor, "an old man feeding pigeons")
+
+
+def test_a_camera_move_named_after_a_thing_is_no_entity(extractor):
+    assert roles(extractor, "truck left, a herd of elephants walking across the savanna") == \
+        {"elephant": "main", "savanna": "scene"}
+    assert "truck" not in roles(extractor, "Truck right past a row of vending machines")
+    assert roles(extractor, "a red truck left in the rain").get("red truck") == "main"  # a truck that was left

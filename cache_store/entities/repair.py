@@ -165,6 +165,9 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
     if not words:
         return out
     for tok in doc:
+        if _camera_move(doc, tok):
+            out.add(tok.i)  # "truck left, a herd of elephants ...", "Pedestal up from the floor": a camera move
+            continue
         if tok.i == 0 or not tok.is_alpha or not words.is_verb_form(tok.lower_):
             continue
         prev = doc[tok.i - 1]
@@ -201,6 +204,18 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
             continue  # "the dog toys lie on the floor": the sentence has its verb
         out.add(tok.i)
     return out
+
+
+# Camera moves named after things, as a prompt opens a clause with them: "truck left", "pedestal up", "boom down".
+_MOVE_NOUNS = frozenset({"truck", "pedestal", "boom", "crane", "dolly", "jib"})
+_MOVE_WAYS = frozenset({"left", "right", "up", "down", "in", "out", "forward", "back", "backward", "backwards"})
+
+
+def _camera_move(doc: "Doc", tok: "Token") -> bool:
+    """A camera move named after a thing that opens its clause ("truck left, a herd ...", not "a truck left in")."""
+    if tok.lower_ not in _MOVE_NOUNS or tok.i + 1 >= len(doc) or doc[tok.i + 1].lower_ not in _MOVE_WAYS:
+        return False
+    return tok.i == 0 or doc[tok.i - 1].is_punct
 
 
 _CLAUSE_OPENERS = frozenset({"as", "while", "when", "then", "and", "before", "after", "until", "once"})
