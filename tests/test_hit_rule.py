@@ -166,3 +166,15 @@ def test_a_likeness_is_never_the_thing_it_depicts():
     assert rule.same_thing(obj("toy car"), obj("toy car"), 0.7)
     assert rule.same_thing(obj("grizzly bear"), obj("bear"), 0.9)
     assert rule.same_thing(obj("teddy bear"), obj("toy teddy bear"), 0.9) is False  # "toy" on one side only
+
+
+def test_objects_with_other_heads_need_the_compound_threshold():
+    rule = HitRule(0.6)
+    obj = lambda text: Entity(text, "object", text, MAIN)  # noqa: E731
+    place = lambda text: Entity(text, "scene", text, SCENE)  # noqa: E731
+    assert not rule.same_thing(obj("bicycle"), obj("motorcycle"), 0.68)  # under 0.70
+    assert rule.same_thing(obj("puppy"), obj("dog"), 0.80)
+    assert not rule.identity_filter(obj("bicycle"), "", "motorcycle", 0.68).admits("object", "motorcycle")
+    assert rule.identity_filter(obj("puppy"), "", "dog", 0.80).admits("object", "dog")
+    # places are not objects: two scenes with other heads keep the rule's own threshold
+    assert rule.same_thing(place("harbour"), place("marina"), 0.62)
