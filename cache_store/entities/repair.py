@@ -12,6 +12,11 @@
   "this"; not "the"), or a possessor ("Luna's broom sputters and ..."), the sentence may have other finite verbs
   ("A bald eagle soars high above a canyon ... as it rides the currents"); the noun before it may be tagged as an
   adjective when the tables know it as a noun ("The cherry red convertible kicks up dust").
+- **Verbs after a name** that opens its clause ("Kenji kneels", "as Reyes hurries back", "Olav hauls cod onto his
+  boat"; `_named_subject_acts`): the -s word is no noun's plural, or a particle follows, or the clause speaks of a
+  person; "Christmas lights in the window" stays a plural. A camera move named after a thing that opens its clause
+  ("truck left, ...", "Pedestal up from the floor"; `_camera_move`) is a verb too, and a verb's -s form before a
+  determiner is one after a plural noun as well ("a trench coat and fedora lights a cigarette").
 - **Nouns that open a sentence** the tagger read as a verb, adjective or adverb, as casual prompts write them
   without a determiner ("puppy sleeping on the couch", "kitten in a box", "surfer riding a huge wave"): the word is
   a noun in the tables, or in none of them ("astronot walking on mars"), and a participle, a preposition or a noun
@@ -19,7 +24,9 @@
 - **A plural noun** the tagger read as a verb's -s form when no verb has that form ("horse chestnuts falling";
   `_plurals_taken_for_verbs`).
 - **A noun before its participle** read as an adjective before a noun ("a goldfish swimming in a glass bowl", sm:
-  JJ NN): the first word is the noun, the -ing word a verb (`_nouns_before_participles`).
+  JJ NN) or before a participle tagged right ("A fisherman standing", JJ VBG): the first word is the noun, the -ing
+  word a verb (`_nouns_before_participles`). A hyphenated adjective ("knee-deep") is no noun, whatever its
+  determiner.
 """
 from __future__ import annotations
 
