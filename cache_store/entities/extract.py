@@ -48,7 +48,7 @@ from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, ING_NOUNS, L
                       SCENE_PHRASES)
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
-from .repair import Repairs, repairs
+from .repair import HYPHENS, Repairs, is_glue_hyphen, repairs
 from .stop_entities import StopEntities
 from .tags import normalise_tags, tag_words
 from .wordclass import WordClasses, word_classes
@@ -69,7 +69,6 @@ _MODIFIER_POS = frozenset({"ADJ", "NOUN", "PROPN", "VERB"})
 # A `compound` token joins a run unless it is a function word or a verb ("zoom in", "a panda drinking coffee").
 _NOT_COMPOUND_POS = frozenset({"VERB", "AUX", "ADP", "PART", "PUNCT", "CCONJ", "SCONJ", "PRON", "SYM",
                                "SPACE", "DET", "INTJ"})
-_HYPHENS = frozenset({"-", "\u2010", "\u2011", "\u2013"})
 _SPACES = re.compile(r"\s+")
 _LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
 MAX_WORD_CHARS = 40
@@ -218,13 +217,6 @@ def _is_head(tok: "Token", nominal: Repairs) -> bool:
     return (tok.pos_ in _HEAD_POS or tok.i in nominal) and tok.i not in nominal.verbal and _is_wordlike(tok)
 
 
-def _is_glue_hyphen(doc: "Doc", i: int) -> bool:
-    """A hyphen written tight between two words ("close-up", "sci-fi")."""
-    tok = doc[i]
-    return (tok.text in _HYPHENS and 0 < i < len(doc) - 1 and not doc[i - 1].whitespace_
-            and not tok.whitespace_ and _has_alnum(doc[i - 1].text) and _has_alnum(doc[i + 1].text))
-
-
 def _is_participle(doc: "Doc", i: int, nominal: Repairs) -> bool:
     """An -ing word right after a noun ("a dog drinking water", "Corgi playing"): the sm tagger calls it NN."""
     tok = doc[i]
@@ -241,7 +233,7 @@ def _split(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[list[in
     parts: list[list[int]] = [[]]
     for i in indices:
         tok = doc[i]
-        if ((tok.is_punct and not _is_glue_hyphen(doc, i)) or tok.pos_ == "CCONJ" or i in nominal.verbal
+        if ((tok.is_punct and not is_glue_hyphen(doc, i)) or tok.pos_ == "CCONJ" or i in nominal.verbal
                 or _is_participle(doc, i, nominal)):
             parts.append([])
         else:
@@ -274,7 +266,7 @@ def _run_candidates(doc: "Doc", nominal: Repairs) -> list[list[int]]:
     out: list[list[int]] = []
     current: list[int] = []
     for tok in doc:
-        if _in_run(tok, nominal) or (current and _is_glue_hyphen(doc, tok.i)):
+        if _in_run(tok, nominal) or (current and is_glue_hyphen(doc, tok.i)):
             current.append(tok.i)
         else:
             if current:
@@ -290,7 +282,7 @@ def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
     kept: list[int] = []
     for i in indices:
         tok = doc[i]
-        if _is_glue_hyphen(doc, i):
+        if is_glue_hyphen(doc, i):
             kept.append(i)
             continue
         if not _is_wordlike(tok) or tok.like_num or tok.lower_ in QUANTITY_WORDS:
@@ -300,10 +292,10 @@ def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
             kept.append(i)
     # A hyphen must glue two kept neighbours; drop it otherwise ("two-" after "two" was removed).
     kept_set = set(kept)
-    kept = [i for i in kept if doc[i].text not in _HYPHENS or (i - 1 in kept_set and i + 1 in kept_set)]
+    kept = [i for i in kept if doc[i].text not in HYPHENS or (i - 1 in kept_set and i + 1 in kept_set)]
     while kept and not _is_head(doc[kept[-1]], nominal):
         kept.pop()
-    while kept and doc[kept[0]].text in _HYPHENS:
+    while kept and doc[kept[0]].text in HYPHENS:
         kept.pop(0)
     return kept
 

@@ -286,7 +286,7 @@ def _repaired_nouns(doc: "Doc", words: WordClasses) -> set[int]:
                 # "a golden retriever playing" (sm: det -> playing): the noun is the word before the participle
                 repaired.add(prev.i)
                 continue
-            if tok.i > 1 and _is_glued_hyphen(doc, tok.i - 1) and words.is_adjective(tok.lower_):
+            if tok.i > 1 and is_glue_hyphen(doc, tok.i - 1) and words.is_adjective(tok.lower_):
                 continue  # "A fisherman standing knee-deep": a hyphenated adjective, whatever its determiner
             repaired.add(tok.i)  # a determiner attached to it makes it a noun: "a stop sign" (sign as VB)
             continue
@@ -316,11 +316,18 @@ def _repaired_nouns(doc: "Doc", words: WordClasses) -> set[int]:
     return repaired
 
 
-def _is_glued_hyphen(doc: "Doc", i: int) -> bool:
-    """A hyphen written tight between two words ("knee-deep")."""
+HYPHENS = frozenset({"-", "\u2010", "\u2011", "\u2013"})
+
+
+def is_glue_hyphen(doc: "Doc", i: int) -> bool:
+    """A hyphen written tight between two words ("close-up", "sci-fi", "knee-deep")."""
     tok = doc[i]
-    return (tok.text == "-" and 0 < i < len(doc) - 1 and not doc[i - 1].whitespace_ and not tok.whitespace_
-            and doc[i - 1].is_alpha and doc[i + 1].is_alpha)
+    return (tok.text in HYPHENS and 0 < i < len(doc) - 1 and not doc[i - 1].whitespace_
+            and not tok.whitespace_ and _has_alnum(doc[i - 1].text) and _has_alnum(doc[i + 1].text))
+
+
+def _has_alnum(text: str) -> bool:
+    return any(ch.isalnum() for ch in text)
 
 
 def _looks_mistagged(tok: "Token") -> bool:
@@ -332,4 +339,4 @@ def _looks_mistagged(tok: "Token") -> bool:
     return tok.pos_ == "ADV" and tok.tag_ == "RB" and not tok.lower_.endswith("ly")
 
 
-__all__ = ["CAMERA_WORDS", "Repairs", "repairs"]
+__all__ = ["CAMERA_WORDS", "HYPHENS", "Repairs", "is_glue_hyphen", "repairs"]
