@@ -178,3 +178,12 @@ def test_objects_with_other_heads_need_the_compound_threshold():
     assert rule.identity_filter(obj("puppy"), "", "dog", 0.80).admits("object", "dog")
     # places are not objects: two scenes with other heads keep the rule's own threshold
     assert rule.same_thing(place("harbour"), place("marina"), 0.62)
+
+
+def test_materials_things_are_made_of_leave_the_thing_itself():
+    rule = HitRule(0.6)
+    obj = lambda text: Entity(text, "object", text.rsplit(" ", 1)[-1], MAIN, text if " " in text else "")  # noqa: E731
+    for made, thing in (("chocolate cake", "cake"), ("cardboard box", "box"), ("clay pot", "pot")):
+        assert rule.same_thing(obj(made), obj(thing), 0.75), made
+    for likeness, thing in (("rocking horse", "horse"), ("stuffed bear", "bear"), ("robotic dog", "dog")):
+        assert not rule.same_thing(obj(likeness), obj(thing), 0.99), likeness

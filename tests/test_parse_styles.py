@@ -385,3 +385,37 @@ def test_a_camera_move_named_after_a_thing_is_no_entity(extractor):
         {"elephant": "main", "savanna": "scene"}
     assert "truck" not in roles(extractor, "Truck right past a row of vending machines")
     assert roles(extractor, "a red truck left in the rain").get("red truck") == "main"  # a truck that was left
+
+
+@pytest.mark.parametrize("prompt, mount", [
+    ("An old cowboy rides a chestnut horse through a red rock canyon", "chestnut horse"),
+    ("The knight rides on the red dragon's back above the clouds at sunrise", "red dragon"),
+    ("a cowboy riding on a horse", "horse"),
+])
+def test_what_a_subject_rides_is_a_main_subject_too(extractor, prompt, mount):
+    assert roles(extractor, prompt).get(mount) == "main"
+
+
+def test_a_ridden_way_or_place_stays_where_it_was(extractor):
+    # a particle makes the object the way ("rides down a bowl"); a place after the mount is no mount
+    got = roles(extractor, "A skateboarder in a baggy hoodie rides down a sun-bleached concrete bowl")
+    assert got.get("sun-bleached concrete bowl") == "secondary"
+    assert roles(extractor, "astronaut riding a horse on mars").get("mar", "secondary") == "secondary"
+
+
+def test_a_person_acting_beside_the_main_clause_is_a_main_subject(extractor):
+    got = roles(extractor, "The red dragon circles above the castle at sunset while the blue-caped knight watches")
+    assert got.get("red dragon") == "main" and got.get("blue-caped knight") == "main"
+    assert roles(extractor, "Northern lights ripple over the harbor as Olav ties up his boat").get("olav") == "main"
+    # not a thing: "as the sun rises" leaves the sun where it was
+    got = roles(extractor, "A lone hiker stands on the summit ridge of a snowy mountain as the sun rises")
+    assert got.get("sun") == "secondary"
+
+
+def test_depiction_adjectives_join_the_identity_and_plural_places_keep_their_name(extractor):
+    ents = {e.text: e for e in extractor.extract("a child on a rocking horse beside a stuffed bear in the woods")}
+    assert ents["rocking horse"].identity == "rocking horse" and ents["stuffed bear"].identity == "stuffed bear"
+    assert ents["woods"].role == "scene" and ents["woods"].head == "woods"
+    # a material things are really made of is no likeness: the identity stays the plain compound
+    assert {e.text: e.identity for e in extractor.extract("a chocolate cake on a plate")}["chocolate cake"] == \
+        "chocolate cake"

@@ -44,6 +44,8 @@ LEMMA_EXCEPTIONS = {
     # -men words that are no plural of "man" ("ramen" is not "raman")
     "ramen": "ramen", "abdomen": "abdomen", "omen": "omen", "specimen": "specimen", "regimen": "regimen",
     "stamen": "stamen",
+    # places named in the plural ("the woods" is no piece of wood)
+    "woods": "woods", "badlands": "badlands",
 }
 # Places and settings (the VBench `scene` dimension's categories plus common landscape and room words).
 SCENE_HEADS = frozenset({
@@ -135,13 +137,16 @@ PERSON_ROLES = frozenset({
     "police officer", "magical girl", "shrine maiden", "miko", "nomad", "merchant", "blacksmith", "alchemist",
 })
 
-# Nouns that make a thing a likeness of another ("teddy bear", "toy car", "carousel horse", "wax seal" is no seal):
-# a compound with one of them never names the same thing as the bare head or another compound without it.
+# Words that make a thing a likeness of another ("teddy bear", "toy car", "carousel horse", "rocking horse"; "wax
+# seal" is no seal): a compound with one of them never names the same thing as the bare head or another compound
+# without it. The adjectives among them join the entity's core (`extract._core`), where the rule reads them.
+# Materials that things are really made of are not here ("chocolate cake", "cardboard box", "clay pot" are a cake,
+# a box and a pot), nor "mechanical" ("mechanical watch").
 DEPICTION_WORDS = frozenset({
     "toy", "toys", "teddy", "plush", "plushie", "stuffed", "carousel", "rocking", "origami", "lego", "gingerbread",
-    "chocolate", "cardboard", "balloon", "inflatable", "clay", "wax", "plasticine", "statue", "sculpture",
-    "figurine", "puppet", "doll", "model", "miniature", "robot", "robotic", "mechanical", "cartoon", "hologram",
-    "holographic", "paper-mache", "papier-mache", "marzipan", "lollipop", "candy",
+    "balloon", "inflatable", "wax", "plasticine", "statue", "sculpture", "figurine", "puppet", "doll", "model",
+    "miniature", "robot", "robotic", "cartoon", "hologram", "holographic", "paper-mache", "papier-mache",
+    "marzipan",
 })
 
 # Kinds of place whose members look alike in a video: two scenes of one kind agree whatever their words' similarity

@@ -247,7 +247,7 @@ def _named_subject_acts(doc: "Doc", tok: "Token", words: WordClasses) -> bool:
     if before is not None and not prev.is_sent_start and not before.is_punct and before.lower_ not in _CLAUSE_OPENERS:
         return False  # "the old Ford trucks": a name inside a noun phrase
     word = tok.lower_
-    bases = (word[:-1], word[:-2], word[:-3] + "y" if word.endswith("ies") else "")
+    bases = (word[:-1], word[:-2] if word.endswith("es") else "", word[:-3] + "y" if word.endswith("ies") else "")
     if not any(b and b in words.nouns for b in bases):
         return True  # "kneels": no noun "kneel"
     nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None

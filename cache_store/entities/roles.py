@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .lexicon import PART_NOUNS
+from .lexicon import PART_NOUNS, PERSON_ROLES
 
 if TYPE_CHECKING:
     from spacy.tokens import Doc, Token
@@ -34,11 +34,16 @@ GENERIC_PEOPLE = frozenset({
     "person", "people", "man", "men", "woman", "women", "boy", "girl", "child", "children", "kid", "guy", "lady",
     "someone", "somebody", "individual", "human", "adult", "teenager", "teen", "couple", "figure", "crowd",
 })
+_PEOPLE = GENERIC_PEOPLE | PERSON_ROLES
 _SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass"})
 # "a cup on the left of a plate": both objects are what the picture is about.
 _POSITION_WORDS = frozenset({"left", "right", "top", "bottom", "front", "side", "middle", "center", "centre",
                              "back", "next"})
 _ACTIVITY_OBJECT_DEPS = frozenset({"dobj", "attr", "pobj"})
+_BESIDE_MARKS = frozenset({"while", "as", "when", "whilst"})
+_RIDE_VERBS = frozenset({"ride", "rides", "riding", "rode", "ridden", "mounts", "mounting", "mounted",
+                         "straddles", "straddling"})  # sm's lemmas and tags of these go wrong ("rides" -> "rid")
+_MOUNT_PREPOSITIONS = frozenset({"on", "upon", "astride", "atop"})
 
 
 def focus_tokens(doc: "Doc") -> set[int]:
@@ -67,6 +72,21 @@ def focus_tokens(doc: "Doc") -> set[int]:
         # "The dense forest, where a green kite is drifting": the subject of a clause about the focus.
         if tok.dep_ in _SUBJECT_DEPS and tok.head.dep_ in ("relcl", "acl") and tok.head.head.i in focus:
             focus.add(tok.i)
+        # "The red dragon circles above the castle while the blue-caped knight watches": the subject of a clause
+        # happening beside the main one is in the picture as much.
+        # A person only: "as the sun rises", "as the beat drops" stay where they were.
+        if (tok.dep_ in _SUBJECT_DEPS and tok.head.dep_ == "advcl" and tok.head.head.i == root.i
+                and any(c.dep_ == "mark" and c.lower_ in _BESIDE_MARKS for c in tok.head.children)
+                and (tok.pos_ == "PROPN" or tok.lemma_.lower() in _PEOPLE)):
+            focus.add(tok.i)
+        # "An old cowboy rides a chestnut horse", "a knight riding on a dragon": the mount is as big as its rider.
+        if tok.lower_ in _RIDE_VERBS and (tok.i == root.i or tok.head.i in focus):
+            # "rides down a concrete bowl" (a particle): the object is the way, not the mount
+            mounts = [c.i for c in tok.children if c.dep_ == "dobj"] if not any(
+                c.dep_ == "prt" for c in tok.children) else []
+            for prep in (c for c in tok.children if c.dep_ == "prep" and c.lower_ in _MOUNT_PREPOSITIONS):
+                mounts += [] if mounts else [c.i for c in prep.children if c.dep_ == "pobj"]  # not "a horse on Mars"
+            focus.update(mounts)
         # "An aging samurai named Kenji": the name is the subject too (a series calls him by it).
         if (tok.dep_ in ("oprd", "attr") and tok.head.lemma_.lower() in ("name", "call")
                 and tok.head.dep_ == "acl" and tok.head.head.i in focus):
