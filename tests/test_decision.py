@@ -119,3 +119,13 @@ def test_other_embedders_skip_the_model(opener):
         s.insert("a bear on the shore", _embedded("fn:clip@1", Entity("bear", "object", "bear", "main"), shore), FP,
                  latents(1), SIGMAS)
         assert s.lookup(_embedded("fn:clip@1", horse, shore), FP, SHAPE, HitRule(0.8, decision=strict)).hit
+
+
+def test_places_of_one_kind_are_no_scene_conflict():
+    # "field" / "meadow" agree by their kind of place as the rule's scene test says, whatever their similarity
+    dog = Entity("dog", "object", "dog", "main")
+    field, meadow = Entity("field", "scene", "field", "scene"), Entity("meadow", "scene", "meadow", "scene")
+    values = features(side(dog, field), side(dog, meadow), HitRule(0.99))
+    assert values["scene_conflict"] == 0.0 and values["scene_sim"] == pytest.approx(0.99)
+    beach = Entity("beach", "scene", "beach", "scene")
+    assert features(side(dog, field), side(dog, beach), HitRule(0.99))["scene_conflict"] == 1.0
