@@ -39,15 +39,18 @@ def _cases(rng: np.random.Generator, n: int) -> list[tuple[list[Entity], list[En
     return cases
 
 
-def _sql_keeps(rule: HitRule, request: list[Entity], donor: list[Entity], vectors: dict[str, np.ndarray]) -> bool:
-    """Whether the ranking's scene clause keeps the donor entry, on a postings table holding just that entry."""
+def _sql_keeps(rule: HitRule, request: list[Entity], donor: list[Entity], vectors: dict[str, np.ndarray],
+               v1: frozenset[str] = frozenset()) -> bool:
+    """Whether the ranking's scene clause keeps the donor entry, on a postings table holding just that entry (the
+    donor entities named in `v1` stored as rows of format v1: no head, no core)."""
     db = sqlite3.connect(":memory:")
     db.execute("CREATE TABLE postings (entry_id INTEGER, entity_id INTEGER, role TEXT)")
-    db.execute("CREATE TABLE entities (id INTEGER PRIMARY KEY, core TEXT, head TEXT)")
+    db.execute("CREATE TABLE entities (id INTEGER PRIMARY KEY, core TEXT, head TEXT, text TEXT)")
     ids = {e.text: i for i, e in enumerate(donor, start=1)}
     db.executemany("INSERT INTO postings VALUES (1, ?, ?)", [(ids[e.text], e.role) for e in donor])
     # each donor entity is an identity of its own (its text as its core), so a match names exactly that entity
-    db.executemany("INSERT INTO entities VALUES (?, ?, ?)", [(ids[e.text], e.text, e.head) for e in donor])
+    db.executemany("INSERT INTO entities VALUES (?, ?, ?, ?)",
+                   [(ids[e.text], *(("", "") if e.text in v1 else (e.text, e.head)), e.text) for e in donor])
     entities = EmbeddedEntities(tuple(request), np.stack([vectors[e.text] for e in request]), "test")
     matched = [(q, ids[d.text], float(vectors[e.text] @ vectors[d.text]))
                for q, e in enumerate(request) for d in donor]
@@ -65,10 +68,13 @@ def test_the_scene_predicate_and_its_sql_agree(threshold, scenes_must_agree):
     rule = HitRule(threshold, scenes_must_agree=scenes_must_agree)
     cases = _cases(np.random.default_rng(int(threshold * 100)), 300)
     outcomes, by_kind = [], 0
-    for request, donor, vectors in cases:
+    for k, (request, donor, vectors) in enumerate(cases):
         sim = lambda q, d: float(vectors[q.text] @ vectors[d.text])  # noqa: E731
         python = rule.scenes_agree(request, donor, sim)
         assert _sql_keeps(rule, request, donor, vectors) == python, (request, donor)
+        # the same donor written by a store of format v1 (its scene's head is its text's last word)
+        v1 = frozenset(e.text for e in donor if e.role == SCENE and k % 2)
+        assert _sql_keeps(rule, request, donor, vectors, v1) == python, (request, donor, v1)
         outcomes.append(python)
         # agreement only by kind of place: two scenes of one kind, no pair at the threshold
         here, there = [e for e in request if e.role == SCENE], [e for e in donor if e.role == SCENE]

@@ -312,3 +312,25 @@ def test_donors_held_for_the_decision_decide_as_read_ones_and_are_read_once(open
         reads = held.side_reads
         held.side(held._sides_base, 10**9, (1, 8, None), lambda: "read")
         assert answers(held) == first and held.side_reads > reads + 1
+
+
+def test_a_scene_row_of_format_v1_agrees_by_its_kind_of_place_in_both_paths(tmp_path):
+    import sqlite3
+
+    from comfyui_chai.cache_store.config import StoreConfig
+    from comfyui_chai.cache_store.folder.store import CacheStore
+
+    dog, beach = Entity("dog", "object", "dog", MAIN), Entity("sunny beach", "scene", "beach", SCENE)
+    shore = Entity("shore", "scene", "shore", SCENE)  # a place of the beach's kind, its vector far from it
+    root = tmp_path / "c"
+    with CacheStore(root, StoreConfig(10**9)) as s:
+        s.insert("a dog on a sunny beach", EmbeddedEntities((dog, beach), np.stack([vector("dog"), vector("beach")]),
+                                                            EMBEDDER), FP, latents(1), SIGMAS)
+    conn = sqlite3.connect(root / "manifest.sqlite")
+    with conn:  # the scene as a row of format v1 writes it: no head, no core
+        conn.execute("UPDATE entities SET head = '', core = '' WHERE text = 'sunny beach'")
+    conn.close()
+    request = EmbeddedEntities((dog, shore), np.stack([vector("dog"), vector("shore")]), EMBEDDER)
+    with CacheStore(root, StoreConfig(10**9)) as s:
+        for held in (None, PostingCache()):
+            assert answer(s, request, held)[0], held

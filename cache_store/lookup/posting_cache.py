@@ -327,9 +327,11 @@ def _scene_passing(db: Any, part: list[int], scenes: SceneKeys) -> list[int]:
     """The entries of `part`, in order, that name no scene or one of `scenes` (`HitRule.scenes_sql`)."""
     wanted, ids, heads = set(scenes.identities), set(scenes.ids), set(scenes.heads)
     seen: dict[int, bool] = {}
-    for entry_id, core, head, eid in db.query(
-            "SELECT sp.entry_id, se.core, se.head, se.id FROM postings sp JOIN entities se ON se.id = sp.entity_id "
-            f"WHERE sp.role = ? AND sp.entry_id IN ({','.join('?' * len(part))})", [SCENE, *part]):
-        agrees = (core, head) in wanted or int(eid) in ids or head in heads
+    for entry_id, core, head, eid, text in db.query(
+            "SELECT sp.entry_id, se.core, se.head, se.id, se.text FROM postings sp JOIN entities se "
+            f"ON se.id = sp.entity_id WHERE sp.role = ? AND sp.entry_id IN ({','.join('?' * len(part))})",
+            [SCENE, *part]):
+        # a row of format v1 names no head: its text's last word is one (as `ranking.stored_entities` reads it)
+        agrees = (core, head) in wanted or int(eid) in ids or (head or text.rsplit(" ", 1)[-1]) in heads
         seen[int(entry_id)] = seen.get(int(entry_id), False) or agrees
     return [e for e in part if seen.get(e, True)]

@@ -120,11 +120,16 @@ class HitRule:
         terms = ["(se.core = ? AND se.head = ?)"] * len(scenes.identities)
         if scenes.ids:
             terms.append(f"se.id IN ({','.join('?' * len(scenes.ids))})")
+        v1_heads: list[str] = []
         if scenes.heads:
             terms.append(f"se.head IN ({','.join('?' * len(scenes.heads))})")
+            # a row of format v1 names no head: its text's last word is one (lexicon heads hold no LIKE wildcard)
+            terms.append(f"(se.head = '' AND ({' OR '.join(['se.text = ? OR se.text LIKE ?'] * len(scenes.heads))}))")
+            v1_heads = [x for h in scenes.heads for x in (h, f"% {h}")]
         return (clause + " OR EXISTS (SELECT 1 FROM postings sp JOIN entities se ON se.id = sp.entity_id "
                 f"WHERE sp.entry_id = best.entry_id AND sp.role = ? AND ({' OR '.join(terms)}))) ",
-                [SCENE, SCENE, *(x for pair in scenes.identities for x in pair), *scenes.ids, *scenes.heads])
+                [SCENE, SCENE, *(x for pair in scenes.identities for x in pair), *scenes.ids, *scenes.heads,
+                 *v1_heads])
 
     def roles_sql(self, column: str) -> tuple[str, list[Any]]:
         """The SQL twin of `carries`' role test: `column` holds one of the rule's roles."""
