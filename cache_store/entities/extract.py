@@ -370,7 +370,7 @@ def _names_a_role(doc: "Doc", modifiers: tuple[int, ...], words: WordClasses) ->
 def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
     """The head and the nouns written right before it ("sports car" in "red sports car"): adjectives describe
     how a thing looks, a noun compounded onto the head can make it another thing ("sea lion", "teddy bear"), and
-    so does a depiction adjective ("rocking horse", "stuffed bear": `lexicon.DEPICTION_WORDS`)."""
+    so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`)."""
     words = [head]
     for i in reversed(indices[:-1]):
         tok = doc[i]

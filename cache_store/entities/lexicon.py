@@ -137,16 +137,16 @@ PERSON_ROLES = frozenset({
     "police officer", "magical girl", "shrine maiden", "miko", "nomad", "merchant", "blacksmith", "alchemist",
 })
 
-# Words that make a thing a likeness of another ("teddy bear", "toy car", "carousel horse", "rocking horse"; "wax
+# Words that make a thing a likeness of another ("teddy bear", "toy car", "carousel horse", "robotic dog"; "wax
 # seal" is no seal): a compound with one of them never names the same thing as the bare head or another compound
-# without it. The adjectives among them join the entity's core (`extract._core`), where the rule reads them.
-# Materials that things are really made of are not here ("chocolate cake", "cardboard box", "clay pot" are a cake,
-# a box and a pot), nor "mechanical" ("mechanical watch").
+# without it. Each joins the entity's core whatever its tag (`extract._core`), where the rule reads it. Materials
+# things are really made of are not here ("chocolate cake", "cardboard box", "clay pot" are a cake, a box and a
+# pot), nor words as often said of real things as of likenesses ("rocking chair", "stuffed pepper", "plush
+# sofa", "inflatable boat", "miniature pony", "holographic display", "mechanical watch").
 DEPICTION_WORDS = frozenset({
-    "toy", "toys", "teddy", "plush", "plushie", "stuffed", "carousel", "rocking", "origami", "lego", "gingerbread",
-    "balloon", "inflatable", "wax", "plasticine", "statue", "sculpture", "figurine", "puppet", "doll", "model",
-    "miniature", "robot", "robotic", "cartoon", "hologram", "holographic", "paper-mache", "papier-mache",
-    "marzipan",
+    "toy", "toys", "teddy", "plushie", "carousel", "origami", "lego", "gingerbread", "balloon", "wax",
+    "plasticine", "statue", "sculpture", "figurine", "puppet", "doll", "model", "robot", "robotic",
+    "animatronic", "cartoon", "hologram", "paper-mache", "papier-mache", "marzipan",
 })
 
 # Kinds of place whose members look alike in a video: two scenes of one kind agree whatever their words' similarity

@@ -41,8 +41,8 @@ _POSITION_WORDS = frozenset({"left", "right", "top", "bottom", "front", "side", 
                              "back", "next"})
 _ACTIVITY_OBJECT_DEPS = frozenset({"dobj", "attr", "pobj"})
 _BESIDE_MARKS = frozenset({"while", "as", "when", "whilst"})
-_RIDE_VERBS = frozenset({"ride", "rides", "riding", "rode", "ridden", "mounts", "mounting", "mounted",
-                         "straddles", "straddling"})  # sm's lemmas and tags of these go wrong ("rides" -> "rid")
+# sm's lemmas and tags of these go wrong ("rides" -> "rid"); "mount" is left out ("a TV mounted on the wall")
+_RIDE_VERBS = frozenset({"ride", "rides", "riding", "rode", "ridden", "straddle", "straddles", "straddling"})
 _MOUNT_PREPOSITIONS = frozenset({"on", "upon", "astride", "atop"})
 
 
@@ -73,14 +73,15 @@ def focus_tokens(doc: "Doc") -> set[int]:
         if tok.dep_ in _SUBJECT_DEPS and tok.head.dep_ in ("relcl", "acl") and tok.head.head.i in focus:
             focus.add(tok.i)
         # "The red dragon circles above the castle while the blue-caped knight watches": the subject of a clause
-        # happening beside the main one is in the picture as much.
-        # A person only: "as the sun rises", "as the beat drops" stay where they were.
+        # happening beside the main one is in the picture as much, when it is a person by role or by name ("as
+        # the sun rises", "while people dance in the background", "while the Eiffel Tower glows" stay).
         if (tok.dep_ in _SUBJECT_DEPS and tok.head.dep_ == "advcl" and tok.head.head.i == root.i
                 and any(c.dep_ == "mark" and c.lower_ in _BESIDE_MARKS for c in tok.head.children)
-                and (tok.pos_ == "PROPN" or tok.lemma_.lower() in _PEOPLE)):
+                and _named_person(tok) and not any(t.lower_ == "background" for t in tok.head.subtree)):
             focus.add(tok.i)
-        # "An old cowboy rides a chestnut horse", "a knight riding on a dragon": the mount is as big as its rider.
-        if tok.lower_ in _RIDE_VERBS and (tok.i == root.i or tok.head.i in focus):
+        # "An old cowboy rides a chestnut horse", "a knight riding on a dragon": the mount is as big as its rider,
+        # a person ("a boat rides the waves", "a woman rides the elevator" keep their objects where they were).
+        if tok.lower_ in _RIDE_VERBS and (tok.i == root.i or tok.head.i in focus) and _ridden_by_a_person(tok):
             # "rides down a concrete bowl" (a particle): the object is the way, not the mount
             mounts = [c.i for c in tok.children if c.dep_ == "dobj"] if not any(
                 c.dep_ == "prt" for c in tok.children) else []
@@ -100,6 +101,23 @@ def focus_tokens(doc: "Doc") -> set[int]:
                 focus.add(tok.i)
                 grown = True
     return focus
+
+
+def _named_person(tok: "Token") -> bool:
+    """A person named by a role ("knight", "chef") or by a name without an article ("Olav"; "the Eiffel Tower" is
+    no person); a generic person ("people") is a crowd in the background as often as a subject."""
+    if tok.pos_ == "PROPN":
+        return not any(c.dep_ == "det" for c in tok.children)
+    return tok.lemma_.lower() in PERSON_ROLES or tok.lower_ in PERSON_ROLES
+
+
+def _ridden_by_a_person(verb: "Token") -> bool:
+    """Whether a ride verb's rider, its subject or the noun it describes, is a person (`_PEOPLE`, or a name)."""
+    riders = [c for c in verb.children if c.dep_ in ("nsubj", "compound")]
+    if verb.dep_ in ("acl", "relcl"):
+        riders.append(verb.head)
+    return any(r.pos_ == "PROPN" or r.lemma_.lower() in _PEOPLE or r.lower_ in _PEOPLE
+               or r.lower_.rstrip("s") in _PEOPLE for r in riders)
 
 
 def _clause_between(doc: "Doc", head: int, tok: int) -> bool:

@@ -11,8 +11,7 @@ what the two prompts share, from the entities and vectors the store already keep
   context_sim    the best borrowable pair read in context: each entity's vector plus half the mean vector of the
                  other entities of its prompt ("bat" beside "cave" is not "batter" beside "pitch")
   bag_sim        the mean vectors of all entities of the two prompts (a whole-prompt similarity)
-  scene_conflict both prompts name a scene and no pair of them reaches the threshold or names one kind of place
-                 (`lexicon.same_kind_of_place`, which then counts as a scene pair at the threshold)
+  scene_conflict both prompts name a scene and no pair of them reaches the threshold
   same_head      the best pair has the same head noun; compound_differs: same head, another compound noun
   generic_person the best pair is a person named only generically ("man playing guitar")
   main_missing   the request names a main subject and no donor entity matches it (the match is only the scene);
@@ -51,7 +50,6 @@ from typing import Any
 
 import numpy as np
 
-from ..entities.lexicon import same_kind_of_place
 from ..entities.roles import GENERIC_PEOPLE, MAIN, SCENE, SECONDARY
 
 DECISION_FILE = Path(__file__).resolve().parent / "data" / "decision.json"
@@ -108,11 +106,9 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
             s = row[j]
             if not rule.same_thing(q, d, s):
                 continue
-            b = donor.roles[j]
-            if a == b == SCENE and same_kind_of_place(q.head, d.head):
-                s = max(s, threshold)  # places of one kind agree as the rule's scene test says
             found[i][j] = s >= threshold
             same[i][j] = s
+            b = donor.roles[j]
             key = ("main_sim" if a == b == MAIN else "scene_sim" if a == b == SCENE
                    else "secondary_sim" if SECONDARY in (a, b) else "cross_sim")
             if s > best.get(key, (-2.0, 0, 0))[0]:
@@ -121,7 +117,7 @@ def features(request: Side, donor: Side, rule: Any) -> dict[str, float]:
         out[key] = s
     here = [i for i, r in enumerate(request.roles) if r == SCENE]
     there = [j for j, r in enumerate(donor.roles) if r == SCENE]
-    if here and there and not any(found[i][j] for i in here for j in there):
+    if here and there and max(sims[i][j] for i in here for j in there) < threshold:
         out["scene_conflict"] = 1.0
     here_total, there_total = request.vectors.sum(axis=0), donor.vectors.sum(axis=0)
     top = max((best[k] for k in ("main_sim", "scene_sim") if k in best), default=None)
