@@ -125,11 +125,14 @@ def test_the_identity_filter_is_same_thing_for_every_stored_entity_of_an_identit
     rule = HitRule(0.6)
     rng = np.random.default_rng(7)
     db = sqlite3.connect(":memory:")
-    sql = f"SELECT 1 FROM (SELECT ? AS drop_object, ? AS ban, ? AS ban_any) m, (SELECT ? AS kind, ? AS text) e " \
+    sql = f"SELECT 1 FROM (SELECT ? AS drop_object, ? AS ban, ? AS ban_any, ? AS keep) m, " \
+          f"(SELECT ? AS kind, ? AS text) e " \
           f"WHERE {rule.identity_sql('m', 'e', 'instr')}"
     seen = set()
     for _ in range(4000):
         query, stored = _entity(rng), _entity(rng)
+        if rng.random() < 0.2:  # the request's own words, stored under another identity (an older parse's)
+            stored = Entity(query.text, stored.kind, query.head, MAIN, stored.core if stored.core != query.head else "")
         sim = float(rng.choice([0.5, 0.65, 0.69, 0.7, 0.9]))  # under and over both thresholds
         python = rule.same_thing(query, stored, sim)
         only = rule.identity_filter(query, stored.core, stored.head, sim)
@@ -138,8 +141,11 @@ def test_the_identity_filter_is_same_thing_for_every_stored_entity_of_an_identit
             in_sql = bool(db.execute(sql, [*only.row(), stored.kind, stored.text]).fetchall())
             assert in_sql == only.admits(stored.kind, stored.text), (query, stored, only)
             seen.add((only.drop_object, bool(only.ban), only.ban_any, in_sql))
+            seen.add(("kept", bool(only.keep) and stored.text == only.keep and only.drop_object
+                      and stored.kind == "object"))
         seen.add(python)
     assert {True, False} <= seen and len(seen) >= 8  # refusals of every form were exercised
+    assert ("kept", True) in seen  # ... and stored objects of the request's own words under another identity
 
 
 def test_compounds_written_as_one_word_count_like_open_ones():
@@ -189,7 +195,25 @@ def test_objects_with_other_heads_need_the_compound_threshold():
 def test_materials_things_are_made_of_leave_the_thing_itself():
     rule = HitRule(0.6)
     obj = lambda text: Entity(text, "object", text.rsplit(" ", 1)[-1], MAIN, text if " " in text else "")  # noqa: E731
-    for made, thing in (("chocolate cake", "cake"), ("cardboard box", "box"), ("clay pot", "pot")):
+    for made, thing in (("chocolate cake", "cake"), ("cardboard box", "box"), ("clay pot", "pot"),
+                        ("rocking chair", "chair"), ("plush sofa", "sofa"), ("stuffed pepper", "pepper"),
+                        ("inflatable boat", "boat"), ("miniature pony", "pony"), ("mechanical watch", "watch")):
         assert rule.same_thing(obj(made), obj(thing), 0.75), made
-    for likeness, thing in (("rocking horse", "horse"), ("stuffed bear", "bear"), ("robotic dog", "dog")):
+    for likeness, thing in (("robotic dog", "dog"), ("animatronic dinosaur", "dinosaur"), ("plushie bear", "bear")):
         assert not rule.same_thing(obj(likeness), obj(thing), 0.99), likeness
+
+
+def test_the_same_words_are_the_same_thing_whatever_identity_was_stored():
+    # An entity row keeps the identity its first writer's parse gave it ("robotic dog" read as a dog before the
+    # depiction words reached the identity): the same words in a request still name the same thing.
+    rule = HitRule(0.6)
+    now = Entity("robotic dog", "object", "dog", MAIN, "robotic dog")
+    before, dog = Entity("robotic dog", "object", "dog", MAIN, ""), Entity("dog", "object", "dog", MAIN, "")
+    assert rule.same_thing(now, before, 0.75) and not rule.same_thing(now, dog, 0.75)
+    only = rule.identity_filter(now, before.core, before.head, 0.75)
+    assert only is not None and only.admits("object", "robotic dog") and not only.admits("object", "dog")
+    db = sqlite3.connect(":memory:")
+    sql = (f"SELECT 1 FROM (SELECT ? AS drop_object, ? AS ban, ? AS ban_any, ? AS keep) m, "
+           f"(SELECT ? AS kind, ? AS text) e WHERE {rule.identity_sql('m', 'e', 'instr')}")
+    assert db.execute(sql, [*only.row(), "object", "robotic dog"]).fetchall()
+    assert not db.execute(sql, [*only.row(), "object", "dog"]).fetchall()

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from comfyui_chai.cache_store.config import StoreConfig
 from comfyui_chai.cache_store.entities.extract import Entity
 from comfyui_chai.cache_store.entities.roles import MAIN, ROLES, SCENE, SECONDARY
 from comfyui_chai.cache_store.lookup import flow, posting_cache, ranking
@@ -334,3 +335,17 @@ def test_a_scene_row_of_format_v1_agrees_by_its_kind_of_place_in_both_paths(tmp_
     with CacheStore(root, StoreConfig(10**9)) as s:
         for held in (None, PostingCache()):
             assert answer(s, request, held)[0], held
+
+
+def test_an_entity_row_written_under_an_older_identity_still_serves_its_own_words(opener):
+    # Entity rows are shared by text, so a row keeps the identity its first writer's parse gave it ("robotic dog"
+    # read as a dog): a request naming the same words under today's identity is served, by both rankings, and
+    # another thing of that identity ("dog") is still refused (a likeness is no dog).
+    old = Entity("robotic dog", "object", "dog", MAIN)
+    now = EmbeddedEntities((Entity("robotic dog", "object", "dog", MAIN, "robotic dog"),), vector("dog")[None],
+                           EMBEDDER)
+    for name, prompt, entity in (("a", "a robotic dog", old), ("b", "a dog", Entity("dog", "object", "dog", MAIN))):
+        with opener(name, StoreConfig(10**9)) as s:
+            s.insert(prompt, EmbeddedEntities((entity,), vector("dog")[None], EMBEDDER), FP, latents(1), SIGMAS)
+            for held in (None, PostingCache()):
+                assert answer(s, now, held)[0] == (entity is old), (prompt, held)

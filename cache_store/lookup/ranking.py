@@ -138,8 +138,8 @@ def rank(manifest: Any, matched: Matched, fingerprint: str, shape: str, rule: Hi
     # Joins pinned to matches -> their stored entities -> their postings in this group (index range scans each):
     # SQLite's CROSS JOIN; PostgreSQL plans that order by itself and spells it JOIN.
     if matched.identities:
-        tables.append(f"mi(q, core, head, sim, drop_object, ban, ban_any) AS (VALUES "
-                      f"{','.join(['(?,?,?,?,?,?,?)'] * len(matched.identities))})")
+        tables.append(f"mi(q, core, head, sim, drop_object, ban, ban_any, keep) AS (VALUES "
+                      f"{','.join(['(?,?,?,?,?,?,?,?)'] * len(matched.identities))})")
         params += [x for m in matched.identities for x in (m.q, m.core, m.head, ranked_sim(m.sim), *m.only.row())]
         parts.append(f"SELECT p.entry_id AS entry_id, mi.q AS q, mi.sim AS sim FROM mi {join} entities e "
                      f"ON e.core = mi.core AND e.head = mi.head AND {rule.identity_sql('mi', 'e', manifest.INSTR)} "

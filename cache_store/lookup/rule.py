@@ -63,6 +63,8 @@ class HitRule:
         and "batter" / "bat" are other things, "seahorse" / "horse" needs the higher similarity), and so do two
         objects with other heads ("motorcycle" / "bicycle" 0.68, "cat" / "dog" 0.66: under it).
         """
+        if query.text == stored.text and query.head == stored.head:
+            return True  # the same words name the same thing, whichever parse wrote the stored identity
         closed = closed_compound(query.head, stored.head)
         if "object" in (query.kind, stored.kind) and query.head != stored.head:
             if query.head in _modifiers(stored) or stored.head in _modifiers(query) or closed == MODIFIER:
@@ -88,16 +90,17 @@ class HitRule:
             return IdentityFilter(drop_object=distant, ban=query.head, ban_any=applies_to_all)
         if query.kind == "object" and head not in GENERIC_PEOPLE and query.identity != (core or head):
             if similarity < self.identity_threshold or depiction(query.identity) != depiction(core or head):
-                return IdentityFilter(drop_object=True)
+                return IdentityFilter(drop_object=True, keep=query.text)
         return IdentityFilter()
 
     @staticmethod
     def identity_sql(match: str, entity: str, instr: str) -> str:
-        """The SQL twin of `IdentityFilter.admits`: `match` names a row with columns drop_object, ban and ban_any,
-        `entity` a row of entities, `instr` the backend's substring position function (0 = absent)."""
-        return (f"NOT ({match}.drop_object = 1 AND {entity}.kind = 'object') AND ({match}.ban = '' OR "
+        """The SQL twin of `IdentityFilter.admits`: `match` names a row with columns drop_object, ban, ban_any and
+        keep, `entity` a row of entities, `instr` the backend's substring position function (0 = absent)."""
+        return (f"({match}.keep <> '' AND {entity}.text = {match}.keep OR "
+                f"NOT ({match}.drop_object = 1 AND {entity}.kind = 'object') AND ({match}.ban = '' OR "
                 f"({match}.ban_any = 0 AND {entity}.kind <> 'object') OR "
-                f"{instr}(' ' || {entity}.text || ' ', ' ' || {match}.ban || ' ') = 0)")
+                f"{instr}(' ' || {entity}.text || ' ', ' ' || {match}.ban || ' ') = 0))")
 
     def scenes_agree(self, request: Sequence[Any], donor: Sequence[Any], sim: Callable[[Any, Any], float]) -> bool:
         """Whether two prompts' entities leave no scene disagreement: either names no scene, or some pair of their
@@ -171,18 +174,24 @@ class IdentityFilter:
     drop_object: bool = False
     ban: str = ""
     ban_any: bool = False
+    keep: str = ""  # the request entity's text: a stored entity of the same words passes whatever else
 
     def admits(self, kind: str, text: str) -> bool:
         """Whether a stored entity of this kind and text passes (`HitRule.identity_sql` in Python)."""
+        if self.keep and text == self.keep:
+            return True
         if self.drop_object and kind == "object":
             return False
         return not self.ban or (not self.ban_any and kind != "object") or f" {self.ban} " not in f" {text} "
 
-    def row(self) -> tuple[int, str, int]:
-        """The filter as the ranking's SQL reads it: (drop_object, ban, ban_any)."""
-        if encodable_text(self.ban) != self.ban:  # in no stored text (stores write NUL and lone surrogates
-            return int(self.drop_object), "", 0  # as U+FFFD), and PostgreSQL refuses them as parameters
-        return int(self.drop_object), self.ban, int(self.ban_any)
+    def row(self) -> tuple[int, str, int, str]:
+        """The filter as the ranking's SQL reads it: (drop_object, ban, ban_any, keep)."""
+        # A word that is in no stored text (stores write NUL and lone surrogates as U+FFFD, and PostgreSQL refuses
+        # them as parameters) bans nothing and keeps nothing.
+        keep = self.keep if encodable_text(self.keep) == self.keep else ""
+        if encodable_text(self.ban) != self.ban:
+            return int(self.drop_object), "", 0, keep
+        return int(self.drop_object), self.ban, int(self.ban_any), keep
 
 
 MODIFIER, COMPOUND = "modifier", "compound"
