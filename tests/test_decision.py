@@ -121,11 +121,12 @@ def test_other_embedders_skip_the_model(opener):
         assert s.lookup(_embedded("fn:clip@1", horse, shore), FP, SHAPE, HitRule(0.8, decision=strict)).hit
 
 
-def test_places_of_one_kind_are_no_scene_conflict():
-    # "field" / "meadow" agree by their kind of place as the rule's scene test says, whatever their similarity
+def test_places_that_agree_only_by_their_kind_say_so():
+    # "field" / "meadow" pass the rule's scene test by their kind of place; the feature tells the model that no
+    # scene pair reached the threshold (the refit weighs such pairs), and the scene similarity stays what it is
     dog = Entity("dog", "object", "dog", "main")
     field, meadow = Entity("field", "scene", "field", "scene"), Entity("meadow", "scene", "meadow", "scene")
-    values = features(side(dog, field), side(dog, meadow), HitRule(0.99))
-    assert values["scene_conflict"] == 0.0 and values["scene_sim"] == pytest.approx(0.99)
-    beach = Entity("beach", "scene", "beach", "scene")
-    assert features(side(dog, field), side(dog, beach), HitRule(0.99))["scene_conflict"] == 1.0
+    rule = HitRule(0.99)
+    assert rule.scenes_agree([dog, field], [dog, meadow], lambda q, d: 0.42)
+    values = features(side(dog, field), side(dog, meadow), rule)
+    assert values["scene_conflict"] == 1.0 and values["scene_sim"] < 0.99 and values["scene_primary"] == 0.0

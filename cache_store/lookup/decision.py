@@ -11,7 +11,8 @@ what the two prompts share, from the entities and vectors the store already keep
   context_sim    the best borrowable pair read in context: each entity's vector plus half the mean vector of the
                  other entities of its prompt ("bat" beside "cave" is not "batter" beside "pitch")
   bag_sim        the mean vectors of all entities of the two prompts (a whole-prompt similarity)
-  scene_conflict both prompts name a scene and no pair of them reaches the threshold
+  scene_conflict both prompts name a scene and no pair of them reaches the threshold (past the rule's scene test:
+                 they agree only by their kind of place, `lexicon.same_kind_of_place`, "field" / "meadow")
   same_head      the best pair has the same head noun; compound_differs: same head, another compound noun
   generic_person the best pair is a person named only generically ("man playing guitar")
   main_missing   the request names a main subject and no donor entity matches it (the match is only the scene);
