@@ -404,6 +404,9 @@ def test_a_ridden_way_or_place_stays_where_it_was(extractor):
                                                                     "mar": "secondary"}
     # no person rides: "a boat rides the waves"; "mounted" is no ride ("a TV mounted on the wall")
     assert roles(extractor, "a boat rides the waves").get("wave") == "secondary"
+    assert roles(extractor, "The Polar Express rides the rails through the snow").get("rail") == "secondary"
+    # riders by trade are people
+    assert roles(extractor, "A jockey rides a racehorse").get("racehorse") == "main"
     assert roles(extractor, "a flat screen TV mounted on the wall").get("wall") == "secondary"
 
 
@@ -417,6 +420,8 @@ def test_a_person_acting_beside_the_main_clause_is_a_main_subject(extractor):
     # nor a named thing with an article, nor a crowd in the background
     assert roles(extractor, "the knight waits while the Eiffel Tower glows").get("eiffel tower") == "secondary"
     assert roles(extractor, "A DJ plays while dancers move in the background").get("dancer") == "secondary"
+    # a role of two words is a role
+    assert roles(extractor, "A dog runs as the police officer watches").get("police officer") == "main"
 
 
 def test_depiction_words_join_the_identity_and_plural_places_keep_their_name(extractor):

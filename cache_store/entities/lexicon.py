@@ -135,6 +135,7 @@ PERSON_ROLES = frozenset({
     "succubus", "mermaid", "fairy", "catgirl", "foxgirl", "android", "cyborg", "superhero", "villain", "schoolgirl",
     "schoolboy", "student", "teacher", "office worker", "salaryman", "businessman", "businesswoman",
     "police officer", "magical girl", "shrine maiden", "miko", "nomad", "merchant", "blacksmith", "alchemist",
+    "rider", "jockey", "biker", "motorcyclist", "equestrian", "horseman", "horsewoman",
 })
 
 # Words that make a thing a likeness of another ("teddy bear", "toy car", "carousel horse", "robotic dog"; "wax

@@ -80,7 +80,7 @@ def focus_tokens(doc: "Doc") -> set[int]:
                 and _named_person(tok) and not any(t.lower_ == "background" for t in tok.head.subtree)):
             focus.add(tok.i)
         # "An old cowboy rides a chestnut horse", "a knight riding on a dragon": the mount is as big as its rider,
-        # a person ("a boat rides the waves", "a woman rides the elevator" keep their objects where they were).
+        # a person ("a boat rides the waves", "The Titanic rides the waves" keep their objects where they were).
         if tok.lower_ in _RIDE_VERBS and (tok.i == root.i or tok.head.i in focus) and _ridden_by_a_person(tok):
             # "rides down a concrete bowl" (a particle): the object is the way, not the mount
             mounts = [c.i for c in tok.children if c.dep_ == "dobj"] if not any(
@@ -104,20 +104,29 @@ def focus_tokens(doc: "Doc") -> set[int]:
 
 
 def _named_person(tok: "Token") -> bool:
-    """A person named by a role ("knight", "chef") or by a name without an article ("Olav"; "the Eiffel Tower" is
-    no person); a generic person ("people") is a crowd in the background as often as a subject."""
-    if tok.pos_ == "PROPN":
-        return not any(c.dep_ == "det" for c in tok.children)
-    return tok.lemma_.lower() in PERSON_ROLES or tok.lower_ in PERSON_ROLES
+    """A person named by a name without an article ("Olav"; "the Eiffel Tower" is no person) or by a role, one word
+    or two ("knight", "the Queen", "police officer"); a generic person ("people") is a crowd in the background as
+    often as a subject."""
+    if tok.pos_ == "PROPN" and not any(c.dep_ == "det" for c in tok.children):
+        return True
+    return _a_role(tok, PERSON_ROLES)
 
 
 def _ridden_by_a_person(verb: "Token") -> bool:
-    """Whether a ride verb's rider, its subject or the noun it describes, is a person (`_PEOPLE`, or a name)."""
+    """Whether a ride verb's rider, its subject or the noun it describes, is a person: a name without an article or
+    a person word (`_PEOPLE`, a role of one word or two)."""
     riders = [c for c in verb.children if c.dep_ in ("nsubj", "compound")]
     if verb.dep_ in ("acl", "relcl"):
         riders.append(verb.head)
-    return any(r.pos_ == "PROPN" or r.lemma_.lower() in _PEOPLE or r.lower_ in _PEOPLE
-               or r.lower_.rstrip("s") in _PEOPLE for r in riders)
+    return any((r.pos_ == "PROPN" and not any(c.dep_ == "det" for c in r.children)) or _a_role(r, _PEOPLE)
+               for r in riders)
+
+
+def _a_role(tok: "Token", words: frozenset[str]) -> bool:
+    """Whether a noun, alone or with the nouns compounded onto it ("police officer"), is one of `words`."""
+    lemma = tok.lemma_.lower()
+    compound = " ".join([c.lower_ for c in tok.children if c.dep_ == "compound"] + [lemma])
+    return bool({lemma, tok.lower_, tok.lower_.removesuffix("s"), compound} & words)
 
 
 def _clause_between(doc: "Doc", head: int, tok: int) -> bool:
