@@ -48,7 +48,7 @@ from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WO
                       QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES)
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
-from .repair import HYPHENS, Repairs, is_glue_hyphen, repairs
+from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
 from .stop_entities import StopEntities
 from .tags import normalise_tags, tag_words
 from .wordclass import WordClasses, word_classes
@@ -201,10 +201,6 @@ def _adjective_alone(text: str, words: WordClasses) -> bool:
     """A one-word entity the tables know only as an adjective ("breathtaking", "medieval"), outside our lexicons."""
     return (" " not in text and "-" not in text and words.is_adjective(text) and text not in words.nouns
             and text not in words.protected)
-
-
-def _has_alnum(text: str) -> bool:
-    return any(ch.isalnum() for ch in text)
 
 
 def _is_wordlike(tok: "Token") -> bool:
@@ -388,7 +384,7 @@ def _lemma(tok: "Token") -> str:
     if tok.lower_ in LEMMA_EXCEPTIONS:
         return LEMMA_EXCEPTIONS[tok.lower_]
     lemma = tok.lemma_.lower().strip() if tok.pos_ == "NOUN" else ""
-    if not lemma or " " in lemma or not _has_alnum(lemma):
+    if not lemma or " " in lemma or not has_alnum(lemma):
         lemma = tok.lower_
     return lemma
 

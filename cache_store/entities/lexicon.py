@@ -138,6 +138,11 @@ PERSON_ROLES = frozenset({
     "rider", "jockey", "biker", "motorcyclist", "equestrian", "horseman", "horsewoman",
 })
 
+def names_one_of(phrase: str, words: frozenset[str]) -> bool:
+    """Whether a lowercase phrase, or its plural written with -s, is one of `words` ("astronaut", "samurais")."""
+    return phrase in words or phrase.removesuffix("s") in words
+
+
 # Words that make a thing a likeness of another ("teddy bear", "toy car", "carousel horse", "robotic dog"; "wax
 # seal" is no seal): a compound with one of them never names the same thing as the bare head or another compound
 # without it. Each joins the entity's core whatever its tag (`extract._core`), where the rule reads it. Materials

@@ -96,8 +96,7 @@ def _plurals_taken_for_verbs(doc: "Doc", words: WordClasses) -> set[int]:
             continue
         if word in words.irregular or word in words.protected:
             continue
-        bases = {word[:-1], word[:-2] if word.endswith("es") else "", word[:-3] + "y" if word.endswith("ies") else ""}
-        if any(b and b in words.nouns for b in bases):
+        if _a_nouns_plural(word, words):
             out.add(tok.i)
     return out
 
@@ -230,6 +229,12 @@ _PARTICLES = frozenset({"RB", "RP"})
 _PERSON_PRONOUNS = frozenset({"his", "her", "he", "she", "him", "himself", "herself", "their", "them", "they"})
 
 
+def _a_nouns_plural(word: str, words: WordClasses) -> bool:
+    """Whether an -s word is the plural of a noun the tables know ("chestnuts", "boxes", "berries")."""
+    bases = (word[:-1], word[:-2] if word.endswith("es") else "", word[:-3] + "y" if word.endswith("ies") else "")
+    return any(b and b in words.nouns for b in bases)
+
+
 def _named_subject_acts(doc: "Doc", tok: "Token", words: WordClasses) -> bool:
     """A verb's -s form right after a name that opens its clause ("Kenji kneels", "as Reyes hurries back"), which
     sm tags NNS and glues to the name. A plural after a name ("Christmas lights in the window", "London buses")
@@ -247,8 +252,7 @@ def _named_subject_acts(doc: "Doc", tok: "Token", words: WordClasses) -> bool:
     if before is not None and not prev.is_sent_start and not before.is_punct and before.lower_ not in _CLAUSE_OPENERS:
         return False  # "the old Ford trucks": a name inside a noun phrase
     word = tok.lower_
-    bases = (word[:-1], word[:-2] if word.endswith("es") else "", word[:-3] + "y" if word.endswith("ies") else "")
-    if not any(b and b in words.nouns for b in bases):
+    if not _a_nouns_plural(word, words):
         return True  # "kneels": no noun "kneel"
     nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
     if nxt is not None and nxt.tag_ in _PARTICLES:
@@ -323,10 +327,11 @@ def is_glue_hyphen(doc: "Doc", i: int) -> bool:
     """A hyphen written tight between two words ("close-up", "sci-fi", "knee-deep")."""
     tok = doc[i]
     return (tok.text in HYPHENS and 0 < i < len(doc) - 1 and not doc[i - 1].whitespace_
-            and not tok.whitespace_ and _has_alnum(doc[i - 1].text) and _has_alnum(doc[i + 1].text))
+            and not tok.whitespace_ and has_alnum(doc[i - 1].text) and has_alnum(doc[i + 1].text))
 
 
-def _has_alnum(text: str) -> bool:
+def has_alnum(text: str) -> bool:
+    """Whether a text holds a letter or a digit."""
     return any(ch.isalnum() for ch in text)
 
 
@@ -339,4 +344,4 @@ def _looks_mistagged(tok: "Token") -> bool:
     return tok.pos_ == "ADV" and tok.tag_ == "RB" and not tok.lower_.endswith("ly")
 
 
-__all__ = ["CAMERA_WORDS", "HYPHENS", "Repairs", "is_glue_hyphen", "repairs"]
+__all__ = ["CAMERA_WORDS", "HYPHENS", "Repairs", "has_alnum", "is_glue_hyphen", "repairs"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .lexicon import PART_NOUNS, PERSON_ROLES
+from .lexicon import PART_NOUNS, PERSON_ROLES, names_one_of
 
 if TYPE_CHECKING:
     from spacy.tokens import Doc, Token
@@ -107,9 +107,7 @@ def _named_person(tok: "Token") -> bool:
     """A person named by a name without an article ("Olav"; "the Eiffel Tower" is no person) or by a role, one word
     or two ("knight", "the Queen", "police officer"); a generic person ("people") is a crowd in the background as
     often as a subject."""
-    if tok.pos_ == "PROPN" and not any(c.dep_ == "det" for c in tok.children):
-        return True
-    return _a_role(tok, PERSON_ROLES)
+    return _a_name(tok) or _a_role(tok, PERSON_ROLES)
 
 
 def _ridden_by_a_person(verb: "Token") -> bool:
@@ -118,15 +116,19 @@ def _ridden_by_a_person(verb: "Token") -> bool:
     riders = [c for c in verb.children if c.dep_ in ("nsubj", "compound")]
     if verb.dep_ in ("acl", "relcl"):
         riders.append(verb.head)
-    return any((r.pos_ == "PROPN" and not any(c.dep_ == "det" for c in r.children)) or _a_role(r, _PEOPLE)
-               for r in riders)
+    return any(_a_name(r) or _a_role(r, _PEOPLE) for r in riders)
+
+
+def _a_name(tok: "Token") -> bool:
+    """A proper noun without an article ("Olav"; "the Eiffel Tower", "The Polar Express" are things)."""
+    return tok.pos_ == "PROPN" and not any(c.dep_ == "det" for c in tok.children)
 
 
 def _a_role(tok: "Token", words: frozenset[str]) -> bool:
     """Whether a noun, alone or with the nouns compounded onto it ("police officer"), is one of `words`."""
     lemma = tok.lemma_.lower()
     compound = " ".join([c.lower_ for c in tok.children if c.dep_ == "compound"] + [lemma])
-    return bool({lemma, tok.lower_, tok.lower_.removesuffix("s"), compound} & words)
+    return lemma in words or compound in words or names_one_of(tok.lower_, words)
 
 
 def _clause_between(doc: "Doc", head: int, tok: int) -> bool:

@@ -13,7 +13,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from .lexicon import PERSON_ROLES
+from .lexicon import PERSON_ROLES, names_one_of
 
 TAG_WORDS_FILE = Path(__file__).resolve().parent / "data" / "tag_words.txt"
 MIN_TAGS = 4          # a tag list has at least this many comma-separated parts ...
@@ -92,8 +92,7 @@ def normalise_tags(text: str) -> str:
 
 def _role_tag(tag: str) -> bool:
     """Whether a tag names what a person is ("astronaut", "police officer", "samurais")."""
-    words = " ".join(tag.lower().split())
-    return words in PERSON_ROLES or (words.endswith("s") and words[:-1] in PERSON_ROLES)
+    return names_one_of(" ".join(tag.lower().split()), PERSON_ROLES)
 
 
 __all__ = ["is_tag_list", "normalise_tags", "strip_weights", "tag_words"]

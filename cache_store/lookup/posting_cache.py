@@ -28,7 +28,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from ..entities.roles import ROLES, SCENE
-from .ranking import ranked_sim
+from .ranking import ranked_sim, stored_head
 from .rule import HitRule, IdentityFilter, SceneKeys
 
 MAX_POSTINGS = 2_000_000  # held at most (about 50 MB); the least recently used identities go first
@@ -331,7 +331,6 @@ def _scene_passing(db: Any, part: list[int], scenes: SceneKeys) -> list[int]:
             "SELECT sp.entry_id, se.core, se.head, se.id, se.text FROM postings sp JOIN entities se "
             f"ON se.id = sp.entity_id WHERE sp.role = ? AND sp.entry_id IN ({','.join('?' * len(part))})",
             [SCENE, *part]):
-        # a row of format v1 names no head: its text's last word is one (as `ranking.stored_entities` reads it)
-        agrees = (core, head) in wanted or int(eid) in ids or (head or text.rsplit(" ", 1)[-1]) in heads
+        agrees = (core, head) in wanted or int(eid) in ids or stored_head(head, text) in heads
         seen[int(entry_id)] = seen.get(int(entry_id), False) or agrees
     return [e for e in part if seen.get(e, True)]

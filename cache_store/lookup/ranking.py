@@ -49,9 +49,14 @@ def entity_rows(manifest: Any, columns: str, ids: Sequence[int]) -> list[tuple]:
     return rows
 
 
+def stored_head(head: str, text: str) -> str:
+    """A stored entity's head: a row of format v1 names none, and its text's last word is one."""
+    return head or text.rsplit(" ", 1)[-1]
+
+
 def stored_entities(manifest: Any, ids: Sequence[int]) -> dict[int, StoredEntity]:
     """Manifest rows of these entity ids."""
-    return {eid: StoredEntity(text, kind, head or text.rsplit(" ", 1)[-1], core)
+    return {eid: StoredEntity(text, kind, stored_head(head, text), core)
             for eid, text, kind, head, core in entity_rows(manifest, "text, kind, head, core", ids)}
 
 
@@ -192,7 +197,7 @@ def donor_side(manifest: Any, entry_id: int, dim: int, embedder: str | None = No
     rows = manifest.query("SELECT e.text, e.kind, e.head, e.core, e.vector, p.role FROM postings p JOIN entities e "
                           "ON e.id = p.entity_id WHERE p.entry_id = ? ORDER BY e.id", (entry_id,))
     rows = [r for r in rows if r[4] is not None and len(bytes(r[4])) == 4 * dim]
-    ents = [StoredEntity(text, kind, head or text.rsplit(" ", 1)[-1], core) for text, kind, head, core, _, _ in rows]
+    ents = [StoredEntity(text, kind, stored_head(head, text), core) for text, kind, head, core, _, _ in rows]
     vectors = [np.frombuffer(bytes(r[4]), dtype=np.float32) for r in rows]
     prompt = None
     if embedder is not None:
