@@ -401,7 +401,7 @@ def test_a_ridden_way_or_place_stays_where_it_was(extractor):
     got = roles(extractor, "A skateboarder in a baggy hoodie rides down a sun-bleached concrete bowl")
     assert got.get("sun-bleached concrete bowl") == "secondary"
     assert roles(extractor, "astronaut riding a horse on mars") == {"astronaut": "main", "horse": "main",
-                                                                    "mar": "secondary"}
+                                                                    "mars": "scene"}
     # no person rides: "a boat rides the waves"; "mounted" is no ride ("a TV mounted on the wall")
     assert roles(extractor, "a boat rides the waves").get("wave") == "secondary"
     assert roles(extractor, "The Polar Express rides the rails through the snow").get("rail") == "secondary"
@@ -432,6 +432,26 @@ def test_depiction_words_join_the_identity_and_plural_places_keep_their_name(ext
     for prompt, text, identity in (("a rocking chair on a porch", "rocking chair", "chair"),
                                    ("a plush sofa in a living room", "plush sofa", "sofa")):
         assert {e.text: e.identity for e in extractor.extract(prompt)}[text] == identity
+
+
+def test_places_named_in_the_plural_keep_their_name_and_are_places(extractor):
+    # lower case, the tagger calls them plural nouns and the lemmatiser cut them: "mars" -> "mar", "alps" -> "alp"
+    assert roles(extractor, "astronaut walking on mars") == {"astronaut": "main", "mars": "scene"}
+    assert roles(extractor, "hiking in the alps").get("alps") == "scene"
+    assert roles(extractor, "a beach in the maldives").get("maldives") == "scene"
+    from comfyui_chai.cache_store.entities.lexicon import same_kind_of_place
+    assert same_kind_of_place("alps", "mountain") and not same_kind_of_place("maldives", "mountain")
+
+
+def test_long_words_spelt_by_sound_are_repaired(extractor):
+    words = extractor.words
+    assert [words.correct(w) for w in ("astronot", "leapord", "bycicle")] == ["astronaut", "leopard", "bicycle"]
+    assert roles(extractor, "snow leapord on a mountain").get("snow leopard") == "main"
+    # short words keep their vowels: too many nouns lie two sound-edits away ("oceon" is left, not guessed)
+    assert words.correct("oceon") is None
+    small = WordClasses(nouns=frozenset({"astronaut", "ostrich"}))
+    assert small.correct("astronot") == "astronaut"
+    assert small.correct("ostronaut") is None  # the first letter is kept: no sound-edit of it
 
 
 def test_a_names_verb_is_no_plural_of_a_shorter_noun(extractor):

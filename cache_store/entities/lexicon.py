@@ -36,6 +36,11 @@ ING_NOUNS = frozenset({
     "bowling", "offspring", "siding", "paneling", "panelling", "shielding",
 })
 # Plural-only nouns the rule lemmatizer would cut ("clothes" -> "clothe").
+# Places whose name ends like a plural; written in lower case (casual and tag prompts) the tagger calls them plural
+# nouns and the lemmatiser cuts them ("hiking in the alps" -> "alp", "astronaut on mars" -> "mar").
+MOUNTAIN_RANGES = ("alps", "andes", "himalayas", "rockies", "pyrenees", "dolomites", "appalachians", "highlands")
+PLURAL_PLACES = MOUNTAIN_RANGES + ("maldives", "bahamas", "philippines", "seychelles", "hebrides", "galapagos",
+                                   "azores", "netherlands", "everglades", "mars", "athens")
 LEMMA_EXCEPTIONS = {
     "clothes": "clothes", "pants": "pants", "trousers": "trousers", "jeans": "jeans", "shorts": "shorts",
     "glasses": "glasses", "sunglasses": "sunglasses", "goggles": "goggles", "scissors": "scissors",
@@ -44,8 +49,8 @@ LEMMA_EXCEPTIONS = {
     # -men words that are no plural of "man" ("ramen" is not "raman")
     "ramen": "ramen", "abdomen": "abdomen", "omen": "omen", "specimen": "specimen", "regimen": "regimen",
     "stamen": "stamen",
-    # places named in the plural ("the woods" is no piece of wood)
-    "woods": "woods", "badlands": "badlands",
+    # places named in the plural ("the woods" is no piece of wood, "the alps" no alp, "mars" no mar)
+    "woods": "woods", "badlands": "badlands", **{name: name for name in PLURAL_PLACES},
 }
 # Places and settings (the VBench `scene` dimension's categories plus common landscape and room words).
 SCENE_HEADS = frozenset({
@@ -82,6 +87,7 @@ SCENE_HEADS = frozenset({
     "paddy", "riverside", "backstreet", "storefront", "penthouse", "loft", "apartment", "cabin", "cottage",
     "chalet", "farmhouse", "villa", "manor", "fortress", "citadel", "ruin", "lakeshore", "waterway", "dungeon",
     "catacomb", "sanctuary", "plantation",
+    *PLURAL_PLACES,
 })
 # Multi-word places whose head alone would say "object" (a jail cell, a phone booth, a golf course).
 SCENE_PHRASES = frozenset({
@@ -172,11 +178,12 @@ _SCENE_KINDS = {
     "grassland": ("field", "meadow", "pasture", "prairie", "plain", "savanna", "savannah", "steppe", "farmland",
                   "paddy"),
     "woodland": ("forest", "woods", "woodland", "jungle", "rainforest", "grove", "glade", "thicket"),
-    "mountain": ("mountain", "mountainside", "hill", "hillside", "ridge", "summit", "slope", "plateau", "valley"),
+    "mountain": ("mountain", "mountainside", "hill", "hillside", "ridge", "summit", "slope", "plateau", "valley",
+                 *MOUNTAIN_RANGES),
     "gorge": ("canyon", "gorge", "ravine", "cliff", "mesa", "badlands"),
     "desert": ("desert", "dune", "oasis"),
     "ice": ("glacier", "tundra", "iceberg"),
-    "wetland": ("marsh", "swamp", "wetland", "bog", "moor", "heath"),
+    "wetland": ("marsh", "swamp", "wetland", "bog", "moor", "heath", "everglades"),
     "space": ("space", "galaxy"),
 }
 SCENE_KIND = {head: kind for kind, heads in _SCENE_KINDS.items() for head in heads}

@@ -67,7 +67,8 @@ class WordClasses:
 
     def correct(self, word: str) -> str | None:
         """The one common noun a single edit away from an unknown word ("rivr" -> "river", "mountians" ->
-        "mountains"), or the -ing form of a verb written without its g ("sleepin"), else None."""
+        "mountains"), or a long word's two sound edits away ("astronot" -> "astronaut"), or the -ing form of a verb
+        written without its g ("sleepin"), else None."""
         w = word.lower()
         if len(w) < MIN_TYPO_CHARS or not self.nouns or self.known(w):
             return None
@@ -80,7 +81,7 @@ class WordClasses:
         return self._noun_edit(w)
 
     def _noun_edit(self, w: str) -> str | None:
-        """The one common noun a single edit away from `w`, else None."""
+        """The one common noun nearest `w` by `_edits`' tiers (unique within its tier), else None."""
         if len(w) < MIN_TYPO_CHARS or self.known(w):
             return None
         for candidates in _edits(w):
@@ -114,7 +115,29 @@ def _edits(w: str) -> list[set[str]]:
     swaps = {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1}
     replaces = {a + c + b[1:] for a, b in splits if b for c in _LETTERS if c != b[0]}
     # An extra or a wrong letter in a short word more often makes another word than a typo ("vlog", "hoodie").
-    return [doubled, inserts | swaps, deletes if len(w) >= 6 else set(), replaces if len(w) >= 7 else set()]
+    return [doubled, inserts | swaps, deletes if len(w) >= 6 else set(), replaces if len(w) >= 7 else set(),
+            _vowel_edits(w) if len(w) >= VOWEL_TYPO_CHARS else set()]
+
+
+VOWEL_TYPO_CHARS = 7  # a long word's vowels written as they sound is still that word; a short one's is another
+_VOWELS = "aeiouy"
+_VOWEL_SPELLINGS = tuple(_VOWELS) + ("au", "ou", "ea", "ee", "oo", "ai", "ie", "ei", "oa")
+
+
+def _vowel_edits(w: str) -> set[str]:
+    """Spellings by sound, two edits away: one vowel (or vowel pair) written as another ("astronot" ->
+    "astronaut"), or two vowels either side of one consonant swapped ("leapord" -> "leopard", "bycicle" ->
+    "bicycle")."""
+    out: set[str] = set()
+    for m in re.finditer(f"[{_VOWELS}]{{1,2}}", w):
+        if m.start() == 0:
+            continue  # typos keep the first letter
+        out |= {w[:m.start()] + v + w[m.end():] for v in _VOWEL_SPELLINGS if v != m.group(0)}
+    for i in range(1, len(w) - 2):
+        a, c, b = w[i], w[i + 1], w[i + 2]
+        if a in _VOWELS and b in _VOWELS and c not in _VOWELS and a != b:
+            out.add(w[:i] + b + c + a + w[i + 3:])
+    return out
 
 
 _BY_PIPELINE: dict[int, tuple[Any, WordClasses]] = {}
