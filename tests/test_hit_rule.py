@@ -10,7 +10,7 @@ import pytest
 from comfyui_chai.cache_store.entities.extract import Entity
 from comfyui_chai.cache_store.entities.roles import BORROWABLE, MAIN, ROLES, SCENE
 from comfyui_chai.cache_store.lookup import ranking
-from comfyui_chai.cache_store.lookup.rule import HitRule, IdentityFilter, closed_compound
+from comfyui_chai.cache_store.lookup.rule import HitRule, IdentityFilter, closed_compound, kind_marks
 from comfyui_chai.cache_store.types import EmbeddedEntities
 
 DIM = 6
@@ -177,6 +177,22 @@ def test_a_likeness_is_never_the_thing_it_depicts():
     assert rule.same_thing(obj("toy car"), obj("toy car"), 0.7)
     assert rule.same_thing(obj("grizzly bear"), obj("bear"), 0.9)
     assert rule.same_thing(obj("teddy bear"), obj("toy teddy bear"), 0.9) is False  # "toy" on one side only
+
+
+def test_a_kind_named_by_an_adjective_is_not_its_noun():
+    rule = HitRule(0.6)
+    obj = lambda text: Entity(text, "object", text.rsplit(" ", 1)[-1], MAIN, text if " " in text else "")  # noqa: E731
+    for named, noun in (("red panda", "panda"), ("hot dog", "dog"), ("black hole", "hole"),
+                        ("shooting star", "star"), ("red panda", "giant panda"), ("hot dog", "corn dog"),
+                        ("sea lion", "lion"), ("computer mouse", "mouse"), ("baseball bat", "bat"),
+                        ("ice cream cone", "pine cone"), ("ice cream cone", "cone")):
+        for a, b in ((named, noun), (noun, named)):
+            assert not rule.same_thing(obj(a), obj(b), 0.99), (a, b)
+            only = rule.identity_filter(obj(a), obj(b).core, obj(b).head, 0.99)
+            assert only is None or not only.admits("object", b)
+    assert rule.same_thing(obj("red panda"), obj("red panda"), 0.7)
+    assert rule.same_thing(obj("baby red panda"), obj("red panda"), 0.9)  # the name ends both identities
+    assert kind_marks("black widow spider") == frozenset()  # a spider: the name does not end it
 
 
 def test_objects_with_other_heads_need_the_compound_threshold():

@@ -434,6 +434,15 @@ def test_depiction_words_join_the_identity_and_plural_places_keep_their_name(ext
         assert {e.text: e.identity for e in extractor.extract(prompt)}[text] == identity
 
 
+def test_a_kinds_adjective_joins_its_identity(extractor):
+    ids = lambda prompt: {e.text: e.identity for e in extractor.extract(prompt)}  # noqa: E731
+    assert ids("red pandas eating bamboo")["red panda"] == "red panda"
+    assert ids("a hot dog with mustard")["hot dog"] == "hot dog"
+    assert ids("a shooting star crossing the night sky")["shooting star"] == "shooting star"
+    assert ids("a red fox in the snow")["red fox"] == "fox"  # a red fox is a fox: colour describes it
+    assert roles(extractor, "a hot spring in the mountains").get("hot spring") == "scene"  # no season
+
+
 def test_places_named_in_the_plural_keep_their_name_and_are_places(extractor):
     # lower case, the tagger calls them plural nouns and the lemmatiser cut them: "mars" -> "mar", "alps" -> "alp"
     assert roles(extractor, "astronaut walking on mars") == {"astronaut": "main", "mars": "scene"}

@@ -44,8 +44,8 @@ from ..naming import encodable_text
 from .casual import casual_spelling
 from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WORDS, ING_NOUNS, LEMMA_EXCEPTIONS,
-                      LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS, QUANTITY_HEADS,
-                      QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES)
+                      LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, NAMED_KINDS, PLACE_NAME_PREPOSITIONS,
+                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES)
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
 from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
@@ -366,11 +366,12 @@ def _names_a_role(doc: "Doc", modifiers: tuple[int, ...], words: WordClasses) ->
 def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
     """The head and the nouns written right before it ("sports car" in "red sports car"): adjectives describe
     how a thing looks, a noun compounded onto the head can make it another thing ("sea lion", "teddy bear"), and
-    so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`)."""
+    so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`) and the
+    adjective of a kind's name ("red panda", "hot dog": `lexicon.NAMED_KINDS`)."""
     words = [head]
     for i in reversed(indices[:-1]):
         tok = doc[i]
-        if tok.lower_ in DEPICTION_WORDS:
+        if tok.lower_ in DEPICTION_WORDS or f"{tok.lower_} {words[0]}" in NAMED_KINDS:
             words.insert(0, tok.lower_)
             continue
         if (tok.pos_ not in ("NOUN", "PROPN") or tok.dep_ not in ("compound", "nmod", "amod")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from ..entities.lexicon import DEPICTION_WORDS, places_of_a_kind, same_kind_of_place
+from ..entities.lexicon import DEPICTION_WORDS, NAMED_KINDS, places_of_a_kind, same_kind_of_place
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 from ..naming import encodable_text
 from .decision import DecisionModel, default_decision
@@ -58,8 +58,8 @@ class HitRule:
         A word that is one side's head and only a modifier on the other names another thing ("sausage dog" /
         "sausage", "fire truck" / "fire"); the same head with a noun compounded onto one side only needs a
         higher similarity between objects ("sea lion" / "lion") and is never a likeness of the other ("teddy
-        bear" / "bear", "toy car" / "car": `lexicon.DEPICTION_WORDS`); places keep their compounds ("city street"
-        / "street"). Compounds written as one word count the same way (`closed_compound`: "dragonfly" / "dragon"
+        bear" / "bear", "toy car" / "car": `lexicon.DEPICTION_WORDS`) nor a kind named by an adjective ("red panda" /
+        "panda": `lexicon.NAMED_KINDS`); places keep their compounds ("city street" / "street"). Compounds written as one word count the same way (`closed_compound`: "dragonfly" / "dragon"
         and "batter" / "bat" are other things, "seahorse" / "horse" needs the higher similarity), and so do two
         objects with other heads ("motorcycle" / "bicycle" 0.68, "cat" / "dog" 0.66: under it).
         """
@@ -71,7 +71,7 @@ class HitRule:
                 return False
         if query.head == stored.head and query.kind == stored.kind == "object" and query.head not in GENERIC_PEOPLE:
             if query.identity != stored.identity:
-                return depiction(query.identity) == depiction(stored.identity) and similarity >= self.identity_threshold
+                return kind_marks(query.identity) == kind_marks(stored.identity) and similarity >= self.identity_threshold
         if query.head != stored.head and query.kind == stored.kind == "object":
             # Two objects named by other nouns ("seahorse" / "horse", "motorcycle" / "bicycle", "cat" / "dog") are
             # one kind of thing only as close as a compound must be.
@@ -89,7 +89,7 @@ class HitRule:
             distant = applies_to_all and similarity < self.identity_threshold
             return IdentityFilter(drop_object=distant, ban=query.head, ban_any=applies_to_all)
         if query.kind == "object" and head not in GENERIC_PEOPLE and query.identity != (core or head):
-            if similarity < self.identity_threshold or depiction(query.identity) != depiction(core or head):
+            if similarity < self.identity_threshold or kind_marks(query.identity) != kind_marks(core or head):
                 return IdentityFilter(drop_object=True, keep=query.text)
         return IdentityFilter()
 
@@ -215,9 +215,12 @@ def closed_compound(a: str, b: str) -> str:
 
 
 @lru_cache(maxsize=65536)
-def depiction(identity: str) -> frozenset[str]:
-    """The words of an identity that make it a likeness of its head ("teddy" in "teddy bear", "toy" in "toy car")."""
-    return frozenset(identity.split()) & DEPICTION_WORDS
+def kind_marks(identity: str) -> frozenset[str]:
+    """What makes an identity another kind than its head: its likeness words ("teddy" in "teddy bear", "toy" in
+    "toy car") and the kind's name it ends with ("red panda", "hot dog": `lexicon.NAMED_KINDS`)."""
+    words = identity.split()
+    named = {name for name in (" ".join(words[-n:]) for n in (2, 3) if len(words) >= n) if name in NAMED_KINDS}
+    return (frozenset(words) & DEPICTION_WORDS) | frozenset(named)
 
 
 def _modifiers(entity: Any) -> frozenset[str]:
