@@ -44,14 +44,18 @@ def test_window_features_read_the_top_main_pair_and_the_best_pair_above_the_thre
 
 
 def test_window_features_leave_a_look_alike_compound_below_the_identity_threshold_out():
-    sea_lion = Entity("sea lion", "object", "lion", "main", "sea lion")
-    lion = Entity("lion", "object", "lion", "main")
-    vec = {"sea lion": _unit(1, 1, 0), "lion": _unit(1, 0, 0)}  # 0.707
-    assert fd.window_features([sea_lion], [lion], vec, [_unit(1, 0, 0)], [_unit(1, 0, 0)],
+    humpback = Entity("humpback whale", "object", "whale", "main", "humpback whale")
+    whale = Entity("whale", "object", "whale", "main")
+    vec = {"humpback whale": _unit(1, 1, 0), "whale": _unit(1, 0, 0)}  # 0.707
+    assert fd.window_features([humpback], [whale], vec, [_unit(1, 0, 0)], [_unit(1, 0, 0)],
                               HitRule(0.65, identity_threshold=0.85)) == [0.0, 0.0]
     # The same pair measured with a lower identity threshold (the default, 0.70) names the same thing.
-    assert fd.window_features([sea_lion], [lion], vec, [_unit(1, 0, 0)], [_unit(1, 0, 0)],
+    assert fd.window_features([humpback], [whale], vec, [_unit(1, 0, 0)], [_unit(1, 0, 0)],
                               HitRule(0.65)) == pytest.approx([1.0, 1.0])
+    # A kind whose name is no kind of its noun is never the noun, at any similarity ("sea lion" / "lion").
+    sea_lion, lion = Entity("sea lion", "object", "lion", "main", "sea lion"), Entity("lion", "object", "lion", "main")
+    assert fd.window_features([sea_lion], [lion], {"sea lion": _unit(1, 0, 0), "lion": _unit(1, 0, 0)},
+                              [_unit(1, 0, 0)], [_unit(1, 0, 0)], HitRule(0.65)) == [0.0, 0.0]
 
 
 def test_the_precision_first_criterion_keeps_precision_where_the_worst_style_one_chases_recall(monkeypatch):

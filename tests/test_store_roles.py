@@ -81,6 +81,11 @@ def test_a_noun_compounded_on_one_side_names_another_thing(opener):
         assert not s.lookup(EmbeddedEntities((sea_lion,), close[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit
         plain = Entity("old lion", "object", "lion", "main")  # an adjective: the same kind of thing
         assert s.lookup(EmbeddedEntities((plain,), close[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit
+        # over the compound threshold a compound is a kind of its noun, unless its name says another kind
+        near = 0.95 * lion + float(np.sqrt(1 - 0.95 ** 2)) * other / np.linalg.norm(other)
+        cave_lion = Entity("cave lion", "object", "lion", "main", "cave lion")
+        assert s.lookup(EmbeddedEntities((cave_lion,), near[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit
+        assert not s.lookup(EmbeddedEntities((sea_lion,), near[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit
         # "sausage" is the stored entity's head but only a modifier of the request's "sausage dog"
         dog = Entity("sausage dog", "object", "dog", "main", "sausage dog")
         assert not s.lookup(EmbeddedEntities((dog,), vector("sausage")[None], EMBEDDER), FP, SHAPE, HitRule(0.5)).hit

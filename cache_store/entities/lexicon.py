@@ -170,8 +170,8 @@ DEPICTION_WORDS = frozenset({
 # than the wasp), "hot pot" and "red dwarf" are left out.
 NAMED_KINDS = frozenset({
     "red panda", "black widow", "hot dog", "black hole", "shooting star", "falling star", "hot spring", "big top",
-    "sea lion", "sea urchin", "sea cucumber", "sea star", "sea dragon", "sea cow", "guinea pig", "computer mouse",
-    "baseball bat", "cricket bat", "ice cream cone", "traffic cone", "pine cone",
+    "sea lion", "mountain lion", "sea urchin", "sea cucumber", "sea star", "sea dragon", "sea cow", "guinea pig",
+    "computer mouse", "baseball bat", "cricket bat", "ice cream cone", "traffic cone", "pine cone",
 })
 
 # Kinds of place whose members look alike in a video: two scenes of one kind agree whatever their words' similarity
