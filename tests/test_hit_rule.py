@@ -191,8 +191,11 @@ def test_a_kind_named_by_an_adjective_is_not_its_noun():
             only = rule.identity_filter(obj(a), obj(b).core, obj(b).head, 0.99)
             assert only is None or not only.admits("object", b)
     assert rule.same_thing(obj("red panda"), obj("red panda"), 0.7)
-    assert rule.same_thing(obj("baby red panda"), obj("red panda"), 0.9)  # the name ends both identities
-    assert kind_marks("black widow spider") == frozenset()  # a spider: the name does not end it
+    assert rule.same_thing(obj("baby red panda"), obj("red panda"), 0.9)  # the name in both identities
+    # the name anywhere in the identity: a red panda's cub is no panda's cub, a sea lion colony no lion colony
+    assert not rule.same_thing(obj("red panda cub"), obj("panda cub"), 0.99)
+    assert not rule.same_thing(obj("sea lion colony"), obj("lion colony"), 0.99)
+    assert kind_marks("black widow spider") == frozenset({"black widow"})  # the price: no "spider" either
 
 
 def test_objects_with_other_heads_need_the_compound_threshold():

@@ -368,8 +368,8 @@ def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
     how a thing looks, a noun compounded onto the head can make it another thing ("sea lion", "teddy bear"), and
     so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`) and the
     adjective of a kind's name ("red panda", "hot dog": `lexicon.NAMED_KINDS`)."""
-    words = [head]
-    for i in reversed(indices[:-1]):
+    words, rest = _named_kind_tail(doc, indices, head)
+    for i in reversed(rest):
         tok = doc[i]
         if tok.lower_ in DEPICTION_WORDS or f"{tok.lower_} {words[0]}" in NAMED_KINDS:
             words.insert(0, tok.lower_)
@@ -379,6 +379,16 @@ def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
             break
         words.insert(0, tok.lower_)
     return " ".join(words)
+
+
+def _named_kind_tail(doc: "Doc", indices: tuple[int, ...], head: str) -> tuple[list[str], tuple[int, ...]]:
+    """The core's last words and the modifiers left before them: a kind's name of two or three words ending the
+    span ("ice cream cone", "ice-cream cone": `lexicon.NAMED_KINDS`, whatever its words' tags), else the head."""
+    alpha = [i for i in indices[:-1] if doc[i].is_alpha]
+    for n in (2, 1):
+        if len(alpha) >= n and " ".join([doc[i].lower_ for i in alpha[-n:]] + [head]) in NAMED_KINDS:
+            return [doc[i].lower_ for i in alpha[-n:]] + [head], tuple(i for i in indices[:-1] if i < alpha[-n])
+    return [head], indices[:-1]
 
 
 def _lemma(tok: "Token") -> str:

@@ -38,7 +38,7 @@ ING_NOUNS = frozenset({
 # Plural-only nouns the rule lemmatizer would cut ("clothes" -> "clothe").
 # Places whose name ends like a plural; written in lower case (casual and tag prompts) the tagger calls them plural
 # nouns and the lemmatiser cuts them ("hiking in the alps" -> "alp", "astronaut on mars" -> "mar").
-MOUNTAIN_RANGES = ("alps", "andes", "himalayas", "rockies", "pyrenees", "dolomites", "appalachians", "highlands")
+MOUNTAIN_RANGES = ("alps", "andes", "himalayas", "rockies", "pyrenees", "dolomites", "appalachians")
 PLURAL_PLACES = MOUNTAIN_RANGES + ("maldives", "bahamas", "philippines", "seychelles", "hebrides", "galapagos",
                                    "azores", "netherlands", "everglades", "mars", "athens")
 LEMMA_EXCEPTIONS = {
@@ -162,14 +162,15 @@ DEPICTION_WORDS = frozenset({
 })
 
 # Names of a kind that is no kind of their last noun ("a red panda" is no panda, "a hot dog" no dog, "a sea lion" no
-# lion, "a baseball bat" no bat): an adjective among them joins the core (`extract._core`; a noun does anyway), and
-# the rule keeps the name from matching its bare noun or another compound of it, as it does a likeness. The
+# lion, "a baseball bat" no bat): their words join the core whatever their tags (`extract._core`: "ice cream cone",
+# "cream" being a colour word), and the rule keeps an identity holding the name from matching one without it ("red
+# panda cub" / "panda cub"), as it does a likeness; the price: "black widow spider" is no "spider" either. The
 # encoder cannot: "red panda" / "panda" 0.85, "computer mouse" / "mouse" 0.91. Only names whose noun alone is
 # another thing are here ("black bear", "sea turtle", "red fox" stay a bear, a turtle and a fox), and only names
 # prompts rarely mean literally: "red kite" (a toy as often as the bird), "yellow jacket" (clothing more often
 # than the wasp), "hot pot" and "red dwarf" are left out.
 NAMED_KINDS = frozenset({
-    "red panda", "black widow", "hot dog", "black hole", "shooting star", "falling star", "hot spring", "big top",
+    "red panda", "black widow", "hot dog", "black hole", "shooting star", "falling star", "hot spring",
     "sea lion", "mountain lion", "sea urchin", "sea cucumber", "sea star", "sea dragon", "sea cow", "guinea pig",
     "computer mouse", "baseball bat", "cricket bat", "ice cream cone", "traffic cone", "pine cone",
 })

@@ -217,9 +217,10 @@ def closed_compound(a: str, b: str) -> str:
 @lru_cache(maxsize=65536)
 def kind_marks(identity: str) -> frozenset[str]:
     """What makes an identity another kind than its head: its likeness words ("teddy" in "teddy bear", "toy" in
-    "toy car") and the kind's name it ends with ("red panda", "hot dog": `lexicon.NAMED_KINDS`)."""
+    "toy car") and the kinds' names among its words ("red panda", "red panda cub", "sea lion colony":
+    `lexicon.NAMED_KINDS`)."""
     words = identity.split()
-    named = {name for name in (" ".join(words[-n:]) for n in (2, 3) if len(words) >= n) if name in NAMED_KINDS}
+    named = {" ".join(words[i:i + n]) for n in (2, 3) for i in range(len(words) - n + 1)} & NAMED_KINDS
     return (frozenset(words) & DEPICTION_WORDS) | frozenset(named)
 
 
