@@ -10,7 +10,7 @@ import pytest
 from comfyui_chai.cache_store.entities.extract import Entity
 from comfyui_chai.cache_store.entities.roles import BORROWABLE, MAIN, ROLES, SCENE
 from comfyui_chai.cache_store.lookup import ranking
-from comfyui_chai.cache_store.lookup.rule import HitRule, IdentityFilter, closed_compound, kind_marks
+from comfyui_chai.cache_store.lookup.rule import HitRule, IdentityFilter, closed_compound, kinds_differ
 from comfyui_chai.cache_store.types import EmbeddedEntities
 
 DIM = 6
@@ -176,8 +176,9 @@ def _compound(text: str) -> Entity:
     ("red panda", "panda"), ("hot dog", "dog"), ("black hole", "hole"), ("shooting star", "star"),
     ("red panda", "giant panda"), ("hot dog", "corn dog"), ("sea lion", "lion"), ("computer mouse", "mouse"),
     ("baseball bat", "bat"), ("ice cream cone", "pine cone"), ("ice cream cone", "cone"),
-    # ... with the name anywhere in the identity
-    ("red panda cub", "panda cub"), ("sea lion colony", "lion colony"),
+    # ... with a noun after the name, in the plural, hyphenated
+    ("red panda cub", "panda cub"), ("sea lion colony", "lion colony"), ("red pandas", "pandas"),
+    ("hot-dog", "dog"), ("sea-lion", "lion"),
 ])
 def test_a_likeness_or_a_named_kind_is_never_the_plain_thing(marked, other):
     rule = HitRule(0.6)
@@ -194,7 +195,10 @@ def test_two_of_one_mark_still_meet_the_compound_threshold():
     assert rule.same_thing(obj("teddy bear"), obj("toy teddy bear"), 0.9) is False  # "toy" on one side only
     assert rule.same_thing(obj("red panda"), obj("red panda"), 0.7)
     assert rule.same_thing(obj("baby red panda"), obj("red panda"), 0.9)  # the name in both identities
-    assert kind_marks("black widow spider") == frozenset({"black widow"})  # the price: no "spider" either
+    # a name whose noun the other side does not hold says nothing about it: a black widow spider is a spider
+    for named, thing in (("black widow spider", "spider"), ("hot dog bun", "bun"), ("pine cone wreath", "wreath")):
+        assert not kinds_differ(named, thing) and rule.same_thing(obj(named), obj(thing), 0.9)
+    assert kinds_differ("waffle cone", "ice cream cone")  # the list's price: a kind of it written otherwise
 
 
 def test_objects_with_other_heads_need_the_compound_threshold():

@@ -443,6 +443,10 @@ def test_a_kinds_adjective_joins_its_identity(extractor):
     assert ids("an ice cream cone melting")["ice cream cone"] == "ice cream cone"
     assert ids("an ice-cream cone melting")["ice-cream cone"] == "ice cream cone"
     assert ids("a red panda cub playing")["red panda cub"] == "red panda cub"
+    assert ids("an ice cream cone stand")["ice cream cone stand"] == "ice cream cone stand"
+    # only a name written together, and only one ending at the head or at the noun before it
+    assert "hot" not in ids("a hot 3d dog")["hot 3d dog"].split()
+    assert ids("a hot spring roll on a plate")["hot spring roll"] == "spring roll"
     assert ids("a red fox in the snow")["red fox"] == "fox"  # a red fox is a fox: colour describes it
     assert roles(extractor, "a hot spring in the mountains").get("hot spring") == "scene"  # no season
 

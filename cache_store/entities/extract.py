@@ -44,8 +44,8 @@ from ..naming import encodable_text
 from .casual import casual_spelling
 from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WORDS, ING_NOUNS, LEMMA_EXCEPTIONS,
-                      LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, NAMED_KINDS, PLACE_NAME_PREPOSITIONS,
-                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES)
+                      LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS,
+                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, named_kinds)
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
 from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
@@ -366,12 +366,12 @@ def _names_a_role(doc: "Doc", modifiers: tuple[int, ...], words: WordClasses) ->
 def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
     """The head and the nouns written right before it ("sports car" in "red sports car"): adjectives describe
     how a thing looks, a noun compounded onto the head can make it another thing ("sea lion", "teddy bear"), and
-    so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`) and the
-    adjective of a kind's name ("red panda", "hot dog": `lexicon.NAMED_KINDS`)."""
-    words, rest = _named_kind_tail(doc, indices, head)
+    so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`) and a
+    kind's name ending at the head or at the noun before it ("red panda", "red panda cub": `lexicon.NAMED_KINDS`)."""
+    words, rest = _named_kind_end(doc, indices, head)
     for i in reversed(rest):
         tok = doc[i]
-        if tok.lower_ in DEPICTION_WORDS or f"{tok.lower_} {words[0]}" in NAMED_KINDS:
+        if tok.lower_ in DEPICTION_WORDS:
             words.insert(0, tok.lower_)
             continue
         if (tok.pos_ not in ("NOUN", "PROPN") or tok.dep_ not in ("compound", "nmod", "amod")
@@ -381,13 +381,20 @@ def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
     return " ".join(words)
 
 
-def _named_kind_tail(doc: "Doc", indices: tuple[int, ...], head: str) -> tuple[list[str], tuple[int, ...]]:
-    """The core's last words and the modifiers left before them: a kind's name of two or three words ending the
-    span ("ice cream cone", "ice-cream cone": `lexicon.NAMED_KINDS`, whatever its words' tags), else the head."""
-    alpha = [i for i in indices[:-1] if doc[i].is_alpha]
-    for n in (2, 1):
-        if len(alpha) >= n and " ".join([doc[i].lower_ for i in alpha[-n:]] + [head]) in NAMED_KINDS:
-            return [doc[i].lower_ for i in alpha[-n:]] + [head], tuple(i for i in indices[:-1] if i < alpha[-n])
+def _named_kind_end(doc: "Doc", indices: tuple[int, ...], head: str) -> tuple[list[str], tuple[int, ...]]:
+    """The core's last words and the modifiers left before them: a kind's name written right before the head or
+    ending at it, whatever its words' tags and with hyphens or not ("ice cream cone", "ice-cream cone stand",
+    "red pandas"), else the head alone."""
+    modifiers = [i for i in indices[:-1] if doc[i].is_alpha]
+    words = [doc[i].lower_ for i in modifiers] + [head]
+    for name, last in named_kinds(words).items():
+        if last < len(words) - 2:
+            continue  # a name further from the head names a part of the thing, not the thing
+        first = last - len(name.split()) + 1
+        between = range(modifiers[first], indices[-1])
+        if any(i not in modifiers and doc[i].text != "-" for i in between):
+            continue  # the words are not written together ("a hot 3d dog")
+        return words[first:], tuple(i for i in indices[:-1] if i < modifiers[first])
     return [head], indices[:-1]
 
 

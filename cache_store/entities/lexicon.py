@@ -163,17 +163,38 @@ DEPICTION_WORDS = frozenset({
 
 # Names of a kind that is no kind of their last noun ("a red panda" is no panda, "a hot dog" no dog, "a sea lion" no
 # lion, "a baseball bat" no bat): their words join the core whatever their tags (`extract._core`: "ice cream cone",
-# "cream" being a colour word), and the rule keeps an identity holding the name from matching one without it ("red
-# panda cub" / "panda cub"), as it does a likeness; the price: "black widow spider" is no "spider" either. The
-# encoder cannot: "red panda" / "panda" 0.85, "computer mouse" / "mouse" 0.91. Only names whose noun alone is
-# another thing are here ("black bear", "sea turtle", "red fox" stay a bear, a turtle and a fox), and only names
-# prompts rarely mean literally: "red kite" (a toy as often as the bird), "yellow jacket" (clothing more often
-# than the wasp), "hot pot" and "red dwarf" are left out.
+# "cream" being a colour word), and the rule keeps an identity holding the name from matching one that holds its
+# noun without it ("red panda" / "panda", "red panda cub" / "panda cub"), as it does a likeness; a "black widow
+# spider" is still a spider and a "hot dog bun" a bun. The encoder cannot tell them apart: "red panda" / "panda"
+# 0.85, "computer mouse" / "mouse" 0.91. Only names whose noun alone is another thing are here ("black bear", "sea
+# turtle", "red fox" stay a bear, a turtle and a fox), and only names prompts rarely mean literally: "red kite" (a
+# toy as often as the bird), "yellow jacket" (clothing more often than the wasp), "hot pot" and "red dwarf" are
+# left out, and "hot spring" is a place (`SCENE_PHRASES`), which no object matches anyway.
 NAMED_KINDS = frozenset({
-    "red panda", "black widow", "hot dog", "black hole", "shooting star", "falling star", "hot spring",
-    "sea lion", "mountain lion", "sea urchin", "sea cucumber", "sea star", "sea dragon", "sea cow", "guinea pig",
+    "red panda", "black widow", "hot dog", "black hole", "shooting star", "falling star", "sea lion",
+    "mountain lion", "sea urchin", "sea cucumber", "sea star", "sea dragon", "sea cow", "guinea pig",
     "computer mouse", "baseball bat", "cricket bat", "ice cream cone", "traffic cone", "pine cone",
 })
+_NAME_NOUNS = frozenset(name.rsplit(" ", 1)[-1] for name in NAMED_KINDS)
+
+
+def name_word(word: str) -> str:
+    """A word as the names read it: a plural of a name's noun in the singular ("pandas", "mice"; a capitalised
+    "Red Pandas" is a proper noun the lemmatiser leaves alone), a hyphen's parts apart, anything else as it is."""
+    if word == "mice":
+        return "mouse"
+    for cut in (1, 2):
+        if word.endswith("es"[2 - cut:]) and word[:-cut] in _NAME_NOUNS:
+            return word[:-cut]
+    return word
+
+
+def named_kinds(words: list[str]) -> dict[str, int]:
+    """The kinds' names among consecutive words (read by `name_word`), each with the position of its last word."""
+    read = [name_word(w) for w in words]
+    return {" ".join(read[i:i + n]): i + n - 1 for n in (2, 3) for i in range(len(read) - n + 1)
+            if " ".join(read[i:i + n]) in NAMED_KINDS}
+
 
 # Kinds of place whose members look alike in a video: two scenes of one kind agree whatever their words' similarity
 # ("deep sea" / "dark ocean", "field" / "meadow", "jungle" / "rainforest"; the rubric's "pine forest" / "dense

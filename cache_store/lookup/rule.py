@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from ..entities.lexicon import DEPICTION_WORDS, NAMED_KINDS, places_of_a_kind, same_kind_of_place
+from ..entities.lexicon import DEPICTION_WORDS, name_word, named_kinds, places_of_a_kind, same_kind_of_place
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 from ..naming import encodable_text
 from .decision import DecisionModel, default_decision
@@ -57,11 +57,13 @@ class HitRule:
 
         A word that is one side's head and only a modifier on the other names another thing ("sausage dog" /
         "sausage", "fire truck" / "fire"); the same head with a noun compounded onto one side only needs a
-        higher similarity between objects ("sea lion" / "lion") and is never a likeness of the other ("teddy
-        bear" / "bear", "toy car" / "car": `lexicon.DEPICTION_WORDS`) nor a kind named by an adjective ("red panda" /
-        "panda": `lexicon.NAMED_KINDS`); places keep their compounds ("city street" / "street"). Compounds written as one word count the same way (`closed_compound`: "dragonfly" / "dragon"
-        and "batter" / "bat" are other things, "seahorse" / "horse" needs the higher similarity), and so do two
-        objects with other heads ("motorcycle" / "bicycle" 0.68, "cat" / "dog" 0.66: under it).
+        higher similarity between objects ("humpback whale" / "whale") and is never a likeness of the other
+        ("teddy bear" / "bear", "toy car" / "car": `lexicon.DEPICTION_WORDS`) nor a kind whose name is no kind of
+        its noun ("red panda" / "panda", "sea lion" / "lion": `lexicon.NAMED_KINDS`; `kinds_differ`); places keep
+        their compounds ("city street" / "street"). Compounds written as one word count the same way
+        (`closed_compound`: "dragonfly" / "dragon" and "batter" / "bat" are other things, "seahorse" / "horse" needs
+        the higher similarity, "hot-dog" / "dog" is another kind), and so do two objects with other heads
+        ("motorcycle" / "bicycle" 0.68, "cat" / "dog" 0.66: under it).
         """
         if query.text == stored.text and query.head == stored.head:
             return True  # the same words name the same thing, whichever parse wrote the stored identity
@@ -69,9 +71,11 @@ class HitRule:
         if "object" in (query.kind, stored.kind) and query.head != stored.head:
             if query.head in _modifiers(stored) or stored.head in _modifiers(query) or closed == MODIFIER:
                 return False
+            if closed == COMPOUND and kinds_differ(query.identity, stored.identity):
+                return False  # "hot-dog" / "dog"
         if query.head == stored.head and query.kind == stored.kind == "object" and query.head not in GENERIC_PEOPLE:
             if query.identity != stored.identity:
-                return kind_marks(query.identity) == kind_marks(stored.identity) and similarity >= self.identity_threshold
+                return not kinds_differ(query.identity, stored.identity) and similarity >= self.identity_threshold
         if query.head != stored.head and query.kind == stored.kind == "object":
             # Two objects named by other nouns ("seahorse" / "horse", "motorcycle" / "bicycle", "cat" / "dog") are
             # one kind of thing only as close as a compound must be.
@@ -84,12 +88,13 @@ class HitRule:
         if query.head != head:
             applies_to_all = query.kind == "object"  # else only stored objects are tested
             closed = closed_compound(query.head, head)
-            if head in _modifiers(query) or closed == MODIFIER:
+            if head in _modifiers(query) or closed == MODIFIER or (closed == COMPOUND
+                                                                   and kinds_differ(query.identity, core or head)):
                 return None if applies_to_all else IdentityFilter(drop_object=True)
             distant = applies_to_all and similarity < self.identity_threshold
             return IdentityFilter(drop_object=distant, ban=query.head, ban_any=applies_to_all)
         if query.kind == "object" and head not in GENERIC_PEOPLE and query.identity != (core or head):
-            if similarity < self.identity_threshold or kind_marks(query.identity) != kind_marks(core or head):
+            if similarity < self.identity_threshold or kinds_differ(query.identity, core or head):
                 return IdentityFilter(drop_object=True, keep=query.text)
         return IdentityFilter()
 
@@ -215,13 +220,19 @@ def closed_compound(a: str, b: str) -> str:
 
 
 @lru_cache(maxsize=65536)
-def kind_marks(identity: str) -> frozenset[str]:
-    """What makes an identity another kind than its head: its likeness words ("teddy" in "teddy bear", "toy" in
-    "toy car") and the kinds' names among its words ("red panda", "red panda cub", "sea lion colony":
-    `lexicon.NAMED_KINDS`)."""
-    words = identity.split()
-    named = {" ".join(words[i:i + n]) for n in (2, 3) for i in range(len(words) - n + 1)} & NAMED_KINDS
-    return (frozenset(words) & DEPICTION_WORDS) | frozenset(named)
+def kinds_differ(a: str, b: str) -> bool:
+    """Whether two identities of one noun name other kinds by their words: a likeness word on one side only
+    ("teddy bear" / "bear"), or a kind's name on one side whose noun the other holds without it ("red panda" /
+    "panda", "red panda cub" / "panda cub", "hot-dog" / "dog"; not "black widow spider" / "spider")."""
+    wa, wb = a.replace("-", " ").split(), b.replace("-", " ").split()
+    if frozenset(wa) & DEPICTION_WORDS != frozenset(wb) & DEPICTION_WORDS:
+        return True
+    na, nb = named_kinds(wa), named_kinds(wb)
+    for name in na.keys() ^ nb.keys():
+        other = wb if name in na else wa
+        if name.rsplit(" ", 1)[-1] in {name_word(w) for w in other}:
+            return True
+    return False
 
 
 def _modifiers(entity: Any) -> frozenset[str]:
