@@ -35,12 +35,12 @@ ING_NOUNS = frozenset({
     "darling", "flooring", "tiling", "housing", "lodging", "dwelling", "gathering", "dining", "seating",
     "bowling", "offspring", "siding", "paneling", "panelling", "shielding",
 })
-# Plural-only nouns the rule lemmatizer would cut ("clothes" -> "clothe").
 # Places whose name ends like a plural; written in lower case (casual and tag prompts) the tagger calls them plural
 # nouns and the lemmatiser cuts them ("hiking in the alps" -> "alp", "astronaut on mars" -> "mar").
 MOUNTAIN_RANGES = ("alps", "andes", "himalayas", "rockies", "pyrenees", "dolomites", "appalachians")
 PLURAL_PLACES = MOUNTAIN_RANGES + ("maldives", "bahamas", "philippines", "seychelles", "hebrides", "galapagos",
                                    "azores", "netherlands", "everglades", "mars", "athens")
+# Plural-only nouns the rule lemmatizer would cut ("clothes" -> "clothe").
 LEMMA_EXCEPTIONS = {
     "clothes": "clothes", "pants": "pants", "trousers": "trousers", "jeans": "jeans", "shorts": "shorts",
     "glasses": "glasses", "sunglasses": "sunglasses", "goggles": "goggles", "scissors": "scissors",
@@ -180,7 +180,7 @@ _NAME_NOUNS = frozenset(name.rsplit(" ", 1)[-1] for name in NAMED_KINDS)
 
 def name_word(word: str) -> str:
     """A word as the names read it: a plural of a name's noun in the singular ("pandas", "mice"; a capitalised
-    "Red Pandas" is a proper noun the lemmatiser leaves alone), a hyphen's parts apart, anything else as it is."""
+    "Red Pandas" is a proper noun the lemmatiser leaves alone), anything else as it is."""
     if word == "mice":
         return "mouse"
     for cut in (1, 2):

@@ -67,8 +67,8 @@ class WordClasses:
 
     def correct(self, word: str) -> str | None:
         """The one common noun a single edit away from an unknown word ("rivr" -> "river", "mountians" ->
-        "mountains"), or a long word's with two vowels swapped ("leapord" -> "leopard"), or the -ing form of a verb
-        written without its g ("sleepin"), else None."""
+        "mountains"), or, for a long word, the one with two vowels swapped ("leapord" -> "leopard"), or the -ing form
+        of a verb written without its g ("sleepin"), else None."""
         w = word.lower()
         if len(w) < MIN_TYPO_CHARS or not self.nouns or self.known(w):
             return None

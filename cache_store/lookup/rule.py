@@ -224,9 +224,9 @@ def kinds_differ(a: str, b: str) -> bool:
     """Whether two identities of one noun name other kinds by their words: a likeness word on one side only
     ("teddy bear" / "bear"), or a kind's name on one side whose noun the other holds without it ("red panda" /
     "panda", "red panda cub" / "panda cub", "hot-dog" / "dog"; not "black widow spider" / "spider")."""
-    wa, wb = a.replace("-", " ").split(), b.replace("-", " ").split()
-    if frozenset(wa) & DEPICTION_WORDS != frozenset(wb) & DEPICTION_WORDS:
-        return True
+    if frozenset(a.split()) & DEPICTION_WORDS != frozenset(b.split()) & DEPICTION_WORDS:
+        return True  # whole words: "paper-mache" is a likeness word
+    wa, wb = a.replace("-", " ").split(), b.replace("-", " ").split()  # a name's words apart: "hot-dog"
     na, nb = named_kinds(wa), named_kinds(wb)
     for name in na.keys() ^ nb.keys():
         other = wb if name in na else wa
