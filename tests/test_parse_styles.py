@@ -484,3 +484,61 @@ def test_a_names_verb_is_no_plural_of_a_shorter_noun(extractor):
               tags=["NNP", "NNS", "IN", "DT", "JJ", "NN"])
     assert "sin" in extractor.words.nouns and "sing" not in extractor.words.nouns
     assert _named_subject_acts(doc, doc[1], extractor.words)
+
+
+def test_a_title_and_a_name_are_two_entities_in_the_names_role(extractor):
+    got = {e.text: e.role for e in extractor.extract("Detective Frank Malone in a trench coat lights a cigarette")}
+    assert got["detective"] == got["frank malone"] == "main" and "detective frank malone" not in got
+    got = roles(extractor, "the grizzled Commander Elena Reyes steps out of her landing module")
+    assert got.get("grizzled commander") == got.get("elena reyes") == "main"
+    # a title alone, a role of two words, and names that open with a title but are none stay whole
+    assert roles(extractor, "a police officer walking").get("police officer") == "main"
+    assert "king kong" in roles(extractor, "King Kong climbs a skyscraper")
+    assert "sir aldric" in roles(extractor, "Sir Aldric walks into the cave")  # an honorific is no kind of person
+
+
+def test_a_coined_brand_before_a_product_stays_out_of_its_identity(extractor):
+    ids = lambda prompt: {e.text: e.identity for e in extractor.extract(prompt)}  # noqa: E731
+    assert ids("A runner laces up her AeroFlux X1 sneakers")["aeroflux x1 sneaker"] == "sneaker"
+    assert ids("first person view, an FPV drone over a forest")["fpv drone"] == "drone"
+    # names the tables know, landmarks and places keep theirs, and so does a name that opens the sentence
+    assert ids("a Christmas tree by the window")["christmas tree"] == "christmas tree"
+    assert ids("tourists below the Eiffel tower")["eiffel tower"] == "eiffel tower"
+    assert ids("a giant Ferris wheel at night")["giant ferris wheel"] == "ferris wheel"
+    assert ids("Kerlann lighthouse at dusk")["kerlann lighthouse"] == "kerlann lighthouse"
+
+
+def test_plurals_the_tagger_called_names_are_read_in_the_singular(extractor):
+    ids = lambda prompt: {e.text: e.identity for e in extractor.extract(prompt)}  # noqa: E731
+    assert ids("Red Pandas eating bamboo")["red panda"] == "red panda"
+    assert "test tube" in ids("masterpiece, 1girl, scientist, laboratory, test tubes, blue light")
+    # a name stays as written, whatever noun its last letters hide
+    assert "waffles" in ids("Waffles, a fluffy corgi, rides in a pickup truck")
+    assert "los angeles" in ids("a detective in an alley in 1940s Los Angeles")
+    assert WordClasses(nouns=frozenset({"tube", "tub", "tone", "ton", "puppy"})).singular("tubes") == "tube"
+    assert WordClasses(nouns=frozenset({"tone", "ton", "puppy"})).singular("puppies") == "puppy"
+    assert WordClasses(nouns=frozenset({"bike"})).singular("biker") == "biker"  # only a plural's -s is read
+
+
+def test_decades_frame_rates_and_slow_motion_are_looks(extractor):
+    assert "fifty" not in " ".join(roles(extractor, "The red fifties convertible at an old gas station"))
+    assert not [t for t in roles(extractor, "a rainy street in the 1940s, 80s synth, 1000fps, 8k") if t[0].isdigit()]
+    assert roles(extractor, "dog catching frisbee slow mo") == {"dog": "main", "frisbee": "secondary"}
+    # a template filling a whole piece of a tag list goes with its separator: the next tag keeps its tag
+    assert "hawaii" in roles(extractor, "best quality, surfer, big wave, action shot, slow motion, hawaii")
+
+
+def test_a_noun_read_as_an_adjective_after_its_noun_ends_the_item(extractor):
+    assert roles(extractor, "best quality, steam locomotive, mountain railway, autumn forest").get(
+        "steam locomotive") == "main"
+    assert roles(extractor, "carousel horse going round at a night fair").get("night fair") == "secondary"
+    got = roles(extractor, "hamster, eating sunflower seeds, cheeks full, tiny")
+    assert "cheeks full" not in got and "full" not in got  # after a plural it describes: "cheeks full"
+
+
+def test_of_two_equally_near_nouns_the_one_in_the_packs_lexicons_repairs_a_typo(extractor):
+    assert extractor.words.correct("feild") == "field"  # "felid" is as near
+    assert roles(extractor, "tornado in a wheat feild") == {"tornado": "main", "wheat field": "scene"}
+    tied = WordClasses(nouns=frozenset({"field", "felid"}))
+    assert tied.correct("feild") is None  # without the lexicons the tie stays a tie
+    assert WordClasses(nouns=frozenset({"field", "felid"}), protected=frozenset({"field"})).correct("feild") == "field"

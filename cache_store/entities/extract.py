@@ -44,8 +44,9 @@ from ..naming import encodable_text
 from .casual import casual_spelling
 from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WORDS, ING_NOUNS, LEMMA_EXCEPTIONS,
-                      LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS,
-                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, named_kinds)
+                      LANDMARK_HEADS, LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS,
+                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, TITLED_NAMES, TITLES,
+                      named_kinds, names_one_of)
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
 from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
@@ -72,6 +73,9 @@ _NOT_COMPOUND_POS = frozenset({"VERB", "AUX", "ADP", "PART", "PUNCT", "CCONJ", "
 _SPACES = re.compile(r"\s+")
 _LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
 MAX_WORD_CHARS = 40
+_DECADE = re.compile(r"'?(?:\d|1\d\d|20\d)0s|\d+(?:fps|k|p)")
+_DECADE_WORDS = frozenset({"twenties", "thirties", "forties", "fifties", "sixties", "seventies", "eighties",
+                           "nineties"})
 
 
 @dataclass(frozen=True)
@@ -183,11 +187,14 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
     raw = _chunk_candidates(doc, nominal) + _run_candidates(doc, nominal)
     cleaned = [_clean(doc, indices, nominal) for indices in raw]
     merged: dict[str, tuple[Entity, int]] = {}
-    for indices in _outermost(cleaned):
+    spans = [part for span in _outermost(cleaned) for part in _title_and_name(doc, span)]
+    for indices, role_head in spans:
         made = _make_entity(doc, indices, nominal, strip_heads, words)
         if made is None:
             continue
         entity = made[0]
+        if role_head is not None:
+            made = (entity, role_head)
         if _adjective_alone(entity.text, words):
             continue  # "A breathtaking aerial shot sweeps ...": the tagger's noun is a look, never an entity alone
         seen = merged.get(entity.text)
@@ -195,6 +202,23 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
             merged[entity.text] = made
     # Order of first mention: dict insertion order follows the candidates' sorted starts.
     return list(merged.values())
+
+
+def _title_and_name(doc: "Doc", indices: tuple[int, ...]) -> list[tuple[tuple[int, ...], int | None]]:
+    """A person's title and name written together ("Detective Frank Malone", "the old Commander Reyes") as two
+    spans, the title (with what comes before it) and the name, the title taking the name's head for its role; any
+    other span alone. Each names the person: a later prompt may say only "the detective" or only "Reyes"."""
+    for start in range(len(indices)):
+        for width in (2, 1):
+            title, name = indices[:start + width], indices[start + width:]
+            words = " ".join(doc[i].lower_ for i in indices[start:start + width])
+            if len(title) < start + width or not name or not names_one_of(words, TITLES):
+                continue
+            if (all(doc[i].pos_ == "PROPN" and doc[i].is_alpha and doc[i].text[:1].isupper()
+                    and doc[i].lower_ not in TITLES for i in name)
+                    and " ".join(doc[i].lower_ for i in indices[start:start + width + 1]) not in TITLED_NAMES):
+                return [(title, name[-1]), (name, None)]
+    return [(indices, None)]
 
 
 def _adjective_alone(text: str, words: WordClasses) -> bool:
@@ -281,7 +305,7 @@ def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
         if is_glue_hyphen(doc, i):
             kept.append(i)
             continue
-        if not _is_wordlike(tok) or tok.like_num or tok.lower_ in QUANTITY_WORDS:
+        if not _is_wordlike(tok) or tok.like_num or tok.lower_ in QUANTITY_WORDS or _a_decade(tok.lower_):
             continue
         if tok.pos_ in _MODIFIER_POS or tok.i in nominal or (tok.dep_ == "compound"
                                                              and tok.pos_ not in _NOT_COMPOUND_POS):
@@ -294,6 +318,22 @@ def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
     while kept and doc[kept[0]].text in HYPHENS:
         kept.pop(0)
     return kept
+
+
+def _plural_as_written(doc: "Doc", indices: tuple[int, ...], words: WordClasses) -> bool:
+    """Whether a head the tagger called a proper noun is a common plural: written in lower case ("wooden cabins"),
+    or title-cased after adjectives ("Red Pandas"); a name stays as written ("Waffles, a fluffy corgi", "Los
+    Angeles")."""
+    if doc[indices[-1]].text.islower():
+        return True
+    modifiers = [doc[i].lower_ for i in indices[:-1]]
+    return bool(modifiers) and all(words.is_adjective(w) or w in COLOUR_WORDS for w in modifiers)
+
+
+def _a_decade(word: str) -> bool:
+    """A decade ("1940s", "80s", "the fifties"), a frame rate or a resolution ("1000fps", "8k", "1080p"): a look,
+    never a thing in the frame."""
+    return word in _DECADE_WORDS or _DECADE.fullmatch(word) is not None
 
 
 def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:
@@ -323,6 +363,9 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
     head_lemma = _lemma(head_tok)
     if head_tok.tag_ == "VBZ" and head_tok.lemma_.isalpha():  # a plural the tagger read as a verb ("chestnuts")
         head_lemma = head_tok.lemma_.lower()
+    elif head_tok.tag_ in ("NNP", "NNPS") and head_lemma == head_tok.lower_ and _plural_as_written(doc, indices,
+                                                                                                  words):
+        head_lemma = words.singular(head_lemma)  # "Red Pandas", "wooden cabins", "rgb lights": left as written
     if head_lemma in QUANTITY_HEADS and nxt is not None and nxt.lower_ == "of":
         return None
     parts: list[str] = []
@@ -339,7 +382,7 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
     if text in COLOUR_WORDS and not (text in COLOUR_THINGS and any(c.dep_ == "det" for c in head_tok.children)):
         return None  # "black" and "grey" in "a black and grey cat", "a red" cut short, are looks; "an orange" is a thing
     kind = _kind(text, head, doc, indices, head_tok)
-    core = _core(doc, indices, head)
+    core = _core(doc, indices, head, words)
     if head in GENERIC_PEOPLE and not _names_a_role(doc, indices[:-1], words):
         doing = activity(doc, head_tok.i, _lemma)
         text = f"{text} {doing}" if doing else text
@@ -363,22 +406,33 @@ def _names_a_role(doc: "Doc", modifiers: tuple[int, ...], words: WordClasses) ->
     return False
 
 
-def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
+def _core(doc: "Doc", indices: tuple[int, ...], head: str, tables: WordClasses = WordClasses()) -> str:
     """The head and the nouns written right before it ("sports car" in "red sports car"): adjectives describe
     how a thing looks, a noun compounded onto the head can make it another thing ("sea lion", "teddy bear"), and
     so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`) and a
     kind's name ending at the head or at the noun before it ("red panda", "red panda cub": `lexicon.NAMED_KINDS`)."""
     words, rest = _named_kind_end(doc, indices, head)
+    common_head = doc[indices[-1]].text.islower() and head not in SCENE_HEADS and head not in LANDMARK_HEADS
     for i in reversed(rest):
         tok = doc[i]
         if tok.lower_ in DEPICTION_WORDS:
             words.insert(0, tok.lower_)
             continue
         if (tok.pos_ not in ("NOUN", "PROPN") or tok.dep_ not in ("compound", "nmod", "amod")
-                or tok.lower_ in COLOUR_WORDS):
+                or tok.lower_ in COLOUR_WORDS or (common_head and _a_brand(tok, tables))):
             break
         words.insert(0, tok.lower_)
     return " ".join(words)
+
+
+def _a_brand(tok: "Token", words: WordClasses) -> bool:
+    """A capitalised name no word table knows, before a common noun inside a sentence ("AeroFlux X1 sneakers", "a
+    Kodak camera"): it says whose thing it is, not what kind, so it stays out of the core. Known names stay in
+    ("Christmas tree", "Nike shoes"), and so does a name before a place or a landmark (`lexicon.LANDMARK_HEADS`)."""
+    if not tok.text[:1].isupper() or tok.is_sent_start:
+        return False
+    coined = any(ch.isdigit() for ch in tok.text)  # a model name ("X1", "R2")
+    return coined or (tok.pos_ == "PROPN" and tok.is_alpha and not words.known(tok.lower_))
 
 
 def _named_kind_end(doc: "Doc", indices: tuple[int, ...], head: str) -> tuple[list[str], tuple[int, ...]]:

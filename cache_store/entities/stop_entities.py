@@ -32,12 +32,19 @@ class StopEntities:
         if bad:
             raise ValueError(f"head and strip entries must be single words, got {sorted(bad)}")
         words = sorted(self.templates, key=len, reverse=True)
-        self._template_re = (re.compile(r"\b(?:" + "|".join(r"\s+".join(map(re.escape, t.split())) for t in words)
-                                        + r")\b", re.IGNORECASE) if words else None)
+        alternatives = "|".join(r"\s+".join(map(re.escape, t.split())) for t in words)
+        self._template_re = re.compile(r"\b(?:" + alternatives + r")\b", re.IGNORECASE) if words else None
+        # A template that is a whole piece of a tag list, which `tags.normalise_tags` writes as sentences ("8k.
+        # slow motion. hawaii"), goes with its period: a comma left between two would be a sentence of its own and
+        # upset the tagger on the next piece. In prose the comma stays ("tracking shot, zoom in, a fox").
+        self._piece_re = (re.compile(r"(^|\.\s+)(?:" + alternatives + r")\s*(?:\.\s+|\.?$)", re.IGNORECASE)
+                          if words else None)
 
     def mask_templates(self, text: str) -> str:
         """The prompt with template phrases ("depth of field") replaced by a comma, so no entity comes from them."""
-        return self._template_re.sub(",", text) if self._template_re is not None else text
+        if self._template_re is None or self._piece_re is None:
+            return text
+        return self._template_re.sub(",", self._piece_re.sub(r"\1", text))
 
     @classmethod
     def parse(cls, lines: Iterable[str], source: str = "<lines>") -> "StopEntities":

@@ -61,6 +61,14 @@ class WordClasses:
         w = word.lower()
         return any(b in self.verbs for b in _inflection_bases(w)[:5])
 
+    def singular(self, word: str) -> str:
+        """A plural's singular that the noun table knows ("pandas", "cabins", "puppies"), else the word as it is."""
+        w = word.lower()
+        if w in self.nouns or not w.endswith("s") or w.endswith("ss"):
+            return w
+        bases = (w[:-1], w[:-2] if w.endswith("es") else "", w[:-3] + "y" if w.endswith("ies") else "")
+        return next((b for b in bases if b in self.nouns), w)
+
     def is_adjective(self, word: str) -> bool:
         """Whether the word is an adjective's base form ("big", "small")."""
         return word.lower() in self.adjectives
@@ -87,8 +95,11 @@ class WordClasses:
         for candidates in _edits(w):
             # Typos keep the first letter: "backlight" is no "jacklight", "rivr" is a "river".
             hits = {c for c in candidates if c in self.nouns and len(c) >= MIN_TYPO_CHARS - 1 and c[0] == w[0]}
+            ours = hits & self.protected  # of two equally near nouns, one in the pack's lexicons ("feild": field)
+            if len(hits) == 1 or len(ours) == 1:
+                return (hits if len(hits) == 1 else ours).pop()
             if hits:
-                return hits.pop() if len(hits) == 1 else None  # two equally likely nouns: leave the word
+                return None  # two equally likely nouns: leave the word
         return None
 
     def correct_text(self, text: str) -> str:
