@@ -19,6 +19,10 @@ def roles(extractor, prompt: str) -> dict[str, str]:
     return {e.text: e.role for e in extractor.extract(prompt)}
 
 
+def identities(extractor, prompt: str) -> dict[str, str]:
+    return {e.text: e.identity for e in extractor.extract(prompt)}
+
+
 @pytest.mark.parametrize("prompt, expected", [
     ("The camera orbits around. Tower, the camera circles around.", {"tower": "main"}),
     ("camera circles around a lighthouse", {"lighthouse": "scene"}),
@@ -435,19 +439,18 @@ def test_depiction_words_join_the_identity_and_plural_places_keep_their_name(ext
 
 
 def test_a_kinds_adjective_joins_its_identity(extractor):
-    ids = lambda prompt: {e.text: e.identity for e in extractor.extract(prompt)}  # noqa: E731
-    assert ids("red pandas eating bamboo")["red panda"] == "red panda"
-    assert ids("a hot dog with mustard")["hot dog"] == "hot dog"
-    assert ids("a shooting star crossing the night sky")["shooting star"] == "shooting star"
+    assert identities(extractor, "red pandas eating bamboo")["red panda"] == "red panda"
+    assert identities(extractor, "a hot dog with mustard")["hot dog"] == "hot dog"
+    assert identities(extractor, "a shooting star crossing the night sky")["shooting star"] == "shooting star"
     # a name's words join whatever their tags ("cream" is a colour word) and however it is written
-    assert ids("an ice cream cone melting")["ice cream cone"] == "ice cream cone"
-    assert ids("an ice-cream cone melting")["ice-cream cone"] == "ice cream cone"
-    assert ids("a red panda cub playing")["red panda cub"] == "red panda cub"
-    assert ids("an ice cream cone stand")["ice cream cone stand"] == "ice cream cone stand"
+    assert identities(extractor, "an ice cream cone melting")["ice cream cone"] == "ice cream cone"
+    assert identities(extractor, "an ice-cream cone melting")["ice-cream cone"] == "ice cream cone"
+    assert identities(extractor, "a red panda cub playing")["red panda cub"] == "red panda cub"
+    assert identities(extractor, "an ice cream cone stand")["ice cream cone stand"] == "ice cream cone stand"
     # only a name written together, and only one ending at the head or at the noun before it
-    assert "hot" not in ids("a hot 3d dog")["hot 3d dog"].split()
-    assert ids("a hot spring roll on a plate")["hot spring roll"] == "spring roll"
-    assert ids("a red fox in the snow")["red fox"] == "fox"  # a red fox is a fox: colour describes it
+    assert "hot" not in identities(extractor, "a hot 3d dog")["hot 3d dog"].split()
+    assert identities(extractor, "a hot spring roll on a plate")["hot spring roll"] == "spring roll"
+    assert identities(extractor, "a red fox in the snow")["red fox"] == "fox"  # a red fox is a fox: colour describes it
     assert roles(extractor, "a hot spring in the mountains").get("hot spring") == "scene"  # no season
 
 
@@ -498,23 +501,21 @@ def test_a_title_and_a_name_are_two_entities_in_the_names_role(extractor):
 
 
 def test_a_coined_brand_before_a_product_stays_out_of_its_identity(extractor):
-    ids = lambda prompt: {e.text: e.identity for e in extractor.extract(prompt)}  # noqa: E731
-    assert ids("A runner laces up her AeroFlux X1 sneakers")["aeroflux x1 sneaker"] == "sneaker"
-    assert ids("first person view, an FPV drone over a forest")["fpv drone"] == "drone"
+    assert identities(extractor, "A runner laces up her AeroFlux X1 sneakers")["aeroflux x1 sneaker"] == "sneaker"
+    assert identities(extractor, "first person view, an FPV drone over a forest")["fpv drone"] == "drone"
     # names the tables know, landmarks and places keep theirs, and so does a name that opens the sentence
-    assert ids("a Christmas tree by the window")["christmas tree"] == "christmas tree"
-    assert ids("tourists below the Eiffel tower")["eiffel tower"] == "eiffel tower"
-    assert ids("a giant Ferris wheel at night")["giant ferris wheel"] == "ferris wheel"
-    assert ids("Kerlann lighthouse at dusk")["kerlann lighthouse"] == "kerlann lighthouse"
+    assert identities(extractor, "a Christmas tree by the window")["christmas tree"] == "christmas tree"
+    assert identities(extractor, "tourists below the Eiffel tower")["eiffel tower"] == "eiffel tower"
+    assert identities(extractor, "a giant Ferris wheel at night")["giant ferris wheel"] == "ferris wheel"
+    assert identities(extractor, "Kerlann lighthouse at dusk")["kerlann lighthouse"] == "kerlann lighthouse"
 
 
 def test_plurals_the_tagger_called_names_are_read_in_the_singular(extractor):
-    ids = lambda prompt: {e.text: e.identity for e in extractor.extract(prompt)}  # noqa: E731
-    assert ids("Red Pandas eating bamboo")["red panda"] == "red panda"
-    assert "test tube" in ids("masterpiece, 1girl, scientist, laboratory, test tubes, blue light")
+    assert identities(extractor, "Red Pandas eating bamboo")["red panda"] == "red panda"
+    assert "test tube" in identities(extractor, "masterpiece, 1girl, scientist, laboratory, test tubes, blue light")
     # a name stays as written, whatever noun its last letters hide
-    assert "waffles" in ids("Waffles, a fluffy corgi, rides in a pickup truck")
-    assert "los angeles" in ids("a detective in an alley in 1940s Los Angeles")
+    assert "waffles" in identities(extractor, "Waffles, a fluffy corgi, rides in a pickup truck")
+    assert "los angeles" in identities(extractor, "a detective in an alley in 1940s Los Angeles")
     assert WordClasses(nouns=frozenset({"tube", "tub", "tone", "ton", "puppy"})).singular("tubes") == "tube"
     assert WordClasses(nouns=frozenset({"tone", "ton", "puppy"})).singular("puppies") == "puppy"
     assert WordClasses(nouns=frozenset({"bike"})).singular("biker") == "biker"  # only a plural's -s is read
