@@ -74,6 +74,7 @@ _SPACES = re.compile(r"\s+")
 _LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
 MAX_WORD_CHARS = 40
 _DECADE = re.compile(r"'?(?:\d|1\d\d|20\d)0s|\d+(?:fps|k|p)")
+_PLACE_HEADS = SCENE_HEADS | LANDMARK_HEADS
 _DECADE_WORDS = frozenset({"twenties", "thirties", "forties", "fifties", "sixties", "seventies", "eighties",
                            "nineties"})
 
@@ -144,10 +145,15 @@ class EntityExtractor:
         """`entities_from_doc`, each entity with the index of its head token in `doc`."""
         found = _entities(doc, self.stop_entities.strip_heads, self.words)
         if apply_stop_list:
-            found = [(e, i) for e, i in found if not self.stop_entities.is_stop(e.text, e.head)]
-        roles = roles_for(doc, [i for _, i in found], [e.kind for e, _ in found])
-        heads = {e.text: i for e, i in found}  # texts are unique; merging keeps the longer text of a pair
-        return [(e, heads[e.text]) for e in merge_variants([replace(e, role=r) for (e, _), r in zip(found, roles)])]
+            found = [(e, i, p) for e, i, p in found if not self.stop_entities.is_stop(e.text, e.head)]
+        # A title takes the role of the name it stands before ("Detective Frank Malone"): the roles are read as if
+        # the name alone were written, then handed to the title.
+        named = [(e, i) for e, i, person in found if person is None]
+        role_at = dict(zip((i for _, i in named), roles_for(doc, [i for _, i in named], [e.kind for e, _ in named])))
+        with_roles = [replace(e, role=role_at[i] if person is None else role_at.get(person, SECONDARY))
+                      for e, i, person in found]
+        heads = {e.text: i for e, i, _ in found}  # texts are unique; merging keeps the longer text of a pair
+        return [(e, heads[e.text]) for e in merge_variants(with_roles)]
 
     def _prepare(self, prompt: str) -> str:
         """The text to parse: truncated, template phrases masked; '' for a prompt in another language."""
@@ -182,42 +188,54 @@ def merge_variants(entities: list[Entity]) -> list[Entity]:
 
 def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
               words: WordClasses = WordClasses()) -> list[tuple[Entity, int]]:
-    """(entity, head token index) pairs in order of first mention, one per distinct text."""
+    """(entity, head token index, the head of the name a title stands before or None) in order of first mention,
+    one per distinct text."""
     nominal = repairs(doc, words)
     raw = _chunk_candidates(doc, nominal) + _run_candidates(doc, nominal)
     cleaned = [_clean(doc, indices, nominal) for indices in raw]
-    merged: dict[str, tuple[Entity, int]] = {}
-    spans = [part for span in _outermost(cleaned) for part in _title_and_name(doc, span)]
-    for indices, role_head in spans:
+    merged: dict[str, tuple[Entity, int, int | None]] = {}
+    title_case = _title_cased(doc)
+    spans = [part for span in _outermost(cleaned)
+             for part in ([(span, None)] if title_case else _title_and_name(doc, span))]
+    for indices, person in spans:
         made = _make_entity(doc, indices, nominal, strip_heads, words)
         if made is None:
             continue
         entity = made[0]
-        if role_head is not None:
-            made = (entity, role_head)
         if _adjective_alone(entity.text, words):
             continue  # "A breathtaking aerial shot sweeps ...": the tagger's noun is a look, never an entity alone
         seen = merged.get(entity.text)
         if seen is None or (entity.kind == "scene" and seen[0].kind != "scene"):
-            merged[entity.text] = made
+            merged[entity.text] = (entity, made[1], person)
     # Order of first mention: dict insertion order follows the candidates' sorted starts.
     return list(merged.values())
 
 
+def _title_cased(doc: "Doc") -> bool:
+    """A prompt written in title case ("Samurai Cat Walking Through A Bamboo Forest"): a function word inside a
+    sentence is capitalised, so capitals say nothing of names."""
+    return any(t.is_stop and t.is_alpha and t.text[:1].isupper() and not t.is_sent_start for t in doc)
+
+
 def _title_and_name(doc: "Doc", indices: tuple[int, ...]) -> list[tuple[tuple[int, ...], int | None]]:
-    """A person's title and name written together ("Detective Frank Malone", "the old Commander Reyes") as two
-    spans, the title (with what comes before it) and the name, the title taking the name's head for its role; any
-    other span alone. Each names the person: a later prompt may say only "the detective" or only "Reyes"."""
-    for start in range(len(indices)):
+    """A title before a full name ("Detective Frank Malone", "the grizzled Commander Elena Reyes") as two spans,
+    the title with what comes before it and the name, each with the head of the name the title goes with (None for
+    the name); any other span alone. Both name the person: a later prompt may say only "the detective" or only
+    "Reyes". A name of one word is left whole, as so many are a title's thing ("Captain Hook", "Princess Peach",
+    "King Cobra", "Emperor Penguins"), and so is a name of a place or a landmark ("Prince Edward Island")."""
+    def a_name(i: int) -> bool:
+        return doc[i].pos_ == "PROPN" and doc[i].is_alpha and doc[i].text[:1].isupper()
+
+    for end in range(1, len(indices) - 1):
+        name = indices[end:]
+        if not all(a_name(i) for i in name) or doc[name[-1]].lower_ in _PLACE_HEADS:
+            continue
         for width in (2, 1):
-            title, name = indices[:start + width], indices[start + width:]
-            words = " ".join(doc[i].lower_ for i in indices[start:start + width])
-            if len(title) < start + width or not name or not names_one_of(words, TITLES):
-                continue
-            if (all(doc[i].pos_ == "PROPN" and doc[i].is_alpha and doc[i].text[:1].isupper()
-                    and doc[i].lower_ not in TITLES for i in name)
-                    and " ".join(doc[i].lower_ for i in indices[start:start + width + 1]) not in TITLED_NAMES):
-                return [(title, name[-1]), (name, None)]
+            if end < width or any(a_name(i) for i in indices[:end - width]):
+                continue  # the title opens the name's capitalised run or stands right before it
+            words = [doc[i].lower_ for i in indices[end - width:end]]
+            if names_one_of(" ".join(words), TITLES) and " ".join(words + [doc[name[0]].lower_]) not in TITLED_NAMES:
+                return [(indices[:end], name[-1]), (name, None)]
     return [(indices, None)]
 
 
@@ -321,12 +339,12 @@ def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
 
 
 def _plural_as_written(doc: "Doc", indices: tuple[int, ...], words: WordClasses) -> bool:
-    """Whether a head the tagger called a proper noun is a common plural: written in lower case ("wooden cabins"),
-    or title-cased after adjectives ("Red Pandas"); a name stays as written ("Waffles, a fluffy corgi", "Los
-    Angeles")."""
+    """Whether a head the tagger called a proper noun is a common plural: in lower case after words the tables know
+    ("wooden cabins", "test tubes"), or title-cased after adjectives ("Red Pandas"); a name stays as written
+    ("Waffles, a fluffy corgi", "los angeles", "las vegas")."""
+    modifiers = [doc[i].lower_ for i in indices[:-1] if doc[i].is_alpha]
     if doc[indices[-1]].text.islower():
-        return True
-    modifiers = [doc[i].lower_ for i in indices[:-1]]
+        return all(w in words.nouns or w in words.adjectives for w in modifiers)
     return bool(modifiers) and all(words.is_adjective(w) or w in COLOUR_WORDS for w in modifiers)
 
 
@@ -363,9 +381,9 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
     head_lemma = _lemma(head_tok)
     if head_tok.tag_ == "VBZ" and head_tok.lemma_.isalpha():  # a plural the tagger read as a verb ("chestnuts")
         head_lemma = head_tok.lemma_.lower()
-    elif head_tok.tag_ in ("NNP", "NNPS") and head_lemma == head_tok.lower_ and _plural_as_written(doc, indices,
-                                                                                                  words):
-        head_lemma = words.singular(head_lemma)  # "Red Pandas", "wooden cabins", "rgb lights": left as written
+    elif (head_tok.tag_ in ("NNP", "NNPS") and head_tok.lower_ not in LEMMA_EXCEPTIONS
+          and _plural_as_written(doc, indices, words)):
+        head_lemma = words.singular(head_lemma)  # "Red Pandas", "wooden cabins": the lemmatiser leaves names alone
     if head_lemma in QUANTITY_HEADS and nxt is not None and nxt.lower_ == "of":
         return None
     parts: list[str] = []
@@ -382,7 +400,7 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
     if text in COLOUR_WORDS and not (text in COLOUR_THINGS and any(c.dep_ == "det" for c in head_tok.children)):
         return None  # "black" and "grey" in "a black and grey cat", "a red" cut short, are looks; "an orange" is a thing
     kind = _kind(text, head, doc, indices, head_tok)
-    core = _core(doc, indices, head, words)
+    core = _core(doc, indices, head)
     if head in GENERIC_PEOPLE and not _names_a_role(doc, indices[:-1], words):
         doing = activity(doc, head_tok.i, _lemma)
         text = f"{text} {doing}" if doing else text
@@ -406,33 +424,33 @@ def _names_a_role(doc: "Doc", modifiers: tuple[int, ...], words: WordClasses) ->
     return False
 
 
-def _core(doc: "Doc", indices: tuple[int, ...], head: str, tables: WordClasses = WordClasses()) -> str:
+def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
     """The head and the nouns written right before it ("sports car" in "red sports car"): adjectives describe
     how a thing looks, a noun compounded onto the head can make it another thing ("sea lion", "teddy bear"), and
     so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`) and a
     kind's name ending at the head or at the noun before it ("red panda", "red panda cub": `lexicon.NAMED_KINDS`)."""
     words, rest = _named_kind_end(doc, indices, head)
-    common_head = doc[indices[-1]].text.islower() and head not in SCENE_HEADS and head not in LANDMARK_HEADS
+    common_head = doc[indices[-1]].text.islower() and head not in _PLACE_HEADS
     for i in reversed(rest):
         tok = doc[i]
         if tok.lower_ in DEPICTION_WORDS:
             words.insert(0, tok.lower_)
             continue
         if (tok.pos_ not in ("NOUN", "PROPN") or tok.dep_ not in ("compound", "nmod", "amod")
-                or tok.lower_ in COLOUR_WORDS or (common_head and _a_brand(tok, tables))):
+                or tok.lower_ in COLOUR_WORDS or (common_head and _a_brand(tok))):
             break
         words.insert(0, tok.lower_)
     return " ".join(words)
 
 
-def _a_brand(tok: "Token", words: WordClasses) -> bool:
-    """A capitalised name no word table knows, before a common noun inside a sentence ("AeroFlux X1 sneakers", "a
-    Kodak camera"): it says whose thing it is, not what kind, so it stays out of the core. Known names stay in
-    ("Christmas tree", "Nike shoes"), and so does a name before a place or a landmark (`lexicon.LANDMARK_HEADS`)."""
-    if not tok.text[:1].isupper() or tok.is_sent_start:
-        return False
-    coined = any(ch.isdigit() for ch in tok.text)  # a model name ("X1", "R2")
-    return coined or (tok.pos_ == "PROPN" and tok.is_alpha and not words.known(tok.lower_))
+def _a_brand(tok: "Token") -> bool:
+    """A coined name before a common noun, with a capital inside it or a digit ("AeroFlux X1 sneakers", "an iPhone
+    case", "a PlayStation controller"): it says whose thing it is, not what kind, so it stays out of the core. A
+    name capitalised only as names are stays in ("Komodo dragon", "Christmas tree", "Nike shoes": capitals alone do
+    not tell a brand from a kind's name), and so does any name before a place or a landmark
+    (`lexicon.LANDMARK_HEADS`: "Eiffel tower")."""
+    text = tok.text
+    return any(ch.isdigit() for ch in text) or (any(ch.isupper() for ch in text[1:]) and any(ch.islower() for ch in text))
 
 
 def _named_kind_end(doc: "Doc", indices: tuple[int, ...], head: str) -> tuple[list[str], tuple[int, ...]]:

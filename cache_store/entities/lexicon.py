@@ -144,7 +144,7 @@ PERSON_ROLES = frozenset({
     "rider", "jockey", "biker", "motorcyclist", "equestrian", "horseman", "horsewoman",
 })
 
-# Ranks and offices written before a person's name ("Commander Elena Reyes", "Professor Lin"): with the person
+# Ranks and offices written before a person's name ("Commander Elena Reyes", "Professor Ada Lin"): with the person
 # roles they are the title that `extract` reads as an entity of its own beside the name ("detective" and "frank
 # malone"), so a later prompt naming only one of the two still finds the other. "General" and "Major" are left
 # out: as often adjectives ("General Motors").
@@ -153,14 +153,17 @@ TITLES = PERSON_ROLES | frozenset({
     "mayor", "president", "senator", "governor", "marshal", "commissioner", "chief", "coach", "lord", "duke",
     "duchess", "baron", "baroness", "uncle", "aunt", "grandma", "grandpa",
 })
-# Names that open with a title but are no person of that title: read whole, as names.
+# Names that open with a title but are no person of that title, when more capitalised words follow them ("Captain
+# America Civil War"): read whole, as names.
 TITLED_NAMES = frozenset({"king kong", "captain america", "captain marvel", "doctor who", "doctor strange",
                           "witch hazel"})
 
-# Heads a capitalised name before them makes a landmark or a named thing of its own ("Eiffel tower", "Brandenburg
-# gate", "Ferris wheel"), unlike a brand before a product ("AeroFlux sneakers"): the name stays in the core.
-LANDMARK_HEADS = frozenset({"tower", "building", "statue", "gate", "monument", "pyramid", "wall", "clock", "wheel",
-                            "bridge", "dish", "burner", "cocktail"})
+# Heads that make a landmark or a named thing of what names them, beside the scene heads: a name before one stays
+# in the core ("Eiffel tower", "Ferris wheel"), and a title with a name before one is no person ("Queen Elizabeth
+# Tower", "Prince William Sound").
+LANDMARK_HEADS = frozenset({"tower", "building", "statue", "gate", "monument", "memorial", "pyramid", "wall",
+                            "bridge", "falls", "sound", "center", "centre", "college", "ship", "clock", "wheel"})
+
 
 def names_one_of(phrase: str, words: frozenset[str]) -> bool:
     """Whether a lowercase phrase, or its plural written with -s, is one of `words` ("astronaut", "samurais")."""

@@ -33,7 +33,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .lexicon import COLOUR_WORDS
 from .wordclass import WordClasses
 
 if TYPE_CHECKING:
@@ -82,24 +81,7 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     doers, doing = _nouns_before_participles(doc, words)
     verbal |= doing
     return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers
-                    | _plurals_taken_for_verbs(doc, words) | _trailing_nouns(doc, words)) - verbal, verbal)
-
-
-def _trailing_nouns(doc: "Doc", words: WordClasses) -> set[int]:
-    """A word read as an adjective of the noun right before it, ending its sentence or list item: English puts
-    adjectives first, so it is that noun's head when the tables know it as a noun ("steam locomotive, mountain
-    railway": sm tags "locomotive" JJ). Colour words stay looks ("the sky blue"), and so does a word after a plural
-    ("cheeks full")."""
-    out: set[int] = set()
-    if not words:
-        return out
-    for tok in doc[1:]:
-        nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
-        if (tok.tag_ == "JJ" and tok.dep_ == "amod" and tok.head.i == tok.i - 1 and tok.head.tag_ in ("NN", "NNP")
-                and tok.is_alpha and tok.lower_ in words.nouns and tok.lower_ not in COLOUR_WORDS
-                and (nxt is None or nxt.is_punct)):
-            out.add(tok.i)
-    return out
+                    | _plurals_taken_for_verbs(doc, words)) - verbal, verbal)
 
 
 def _plurals_taken_for_verbs(doc: "Doc", words: WordClasses) -> set[int]:

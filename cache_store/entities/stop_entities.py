@@ -35,16 +35,22 @@ class StopEntities:
         alternatives = "|".join(r"\s+".join(map(re.escape, t.split())) for t in words)
         self._template_re = re.compile(r"\b(?:" + alternatives + r")\b", re.IGNORECASE) if words else None
         # A template that is a whole piece of a tag list, which `tags.normalise_tags` writes as sentences ("8k.
-        # slow motion. hawaii"), goes with its period: a comma left between two would be a sentence of its own and
-        # upset the tagger on the next piece. In prose the comma stays ("tracking shot, zoom in, a fox").
-        self._piece_re = (re.compile(r"(^|\.\s+)(?:" + alternatives + r")\s*(?:\.\s+|\.?$)", re.IGNORECASE)
+        # slow motion. hawaii"), goes with the period before it: a comma left between two periods would be a sentence
+        # of its own and upset the tagger on the next piece. The period after it stays for the next template of a
+        # run ("slow motion. golden hour."). In prose the comma stays ("tracking shot, zoom in, a fox").
+        self._piece_re = (re.compile(r"(?:^|\.\s+)(?:" + alternatives + r")\s*(?=\.|$)", re.IGNORECASE)
                           if words else None)
 
     def mask_templates(self, text: str) -> str:
-        """The prompt with template phrases ("depth of field") replaced by a comma, so no entity comes from them."""
+        """The prompt with template phrases ("depth of field") replaced by a comma, or removed where one is a whole
+        piece of a tag list, so no entity comes from them."""
         if self._template_re is None or self._piece_re is None:
             return text
-        return self._template_re.sub(",", self._piece_re.sub(r"\1", text))
+        # The last piece keeps a period: a list's last word without one is read as a verb ("... mane flowing. splash").
+        pieces = self._piece_re.sub(lambda m: "." if m.end() == len(text) else "", text)
+        if pieces != text:
+            pieces = pieces.lstrip(". ")
+        return self._template_re.sub(",", pieces)
 
     @classmethod
     def parse(cls, lines: Iterable[str], source: str = "<lines>") -> "StopEntities":

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 _CLASSES = ("noun", "verb", "adj", "adv")
 MIN_TYPO_CHARS = 4  # shorter words have too many one-edit neighbours to correct safely
+_ES_PLURALS = ("ses", "xes", "zes", "ches", "shes", "oes")
 _WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)?")
 _LETTERS = string.ascii_lowercase
 
@@ -43,7 +44,8 @@ class WordClasses:
     adjectives: frozenset[str] = frozenset()
     adverbs: frozenset[str] = frozenset()
     irregular: frozenset[str] = frozenset()  # inflected forms the tables list as exceptions (mice, ran)
-    protected: frozenset[str] = frozenset()  # words never corrected (the pack's own lexicons)
+    protected: frozenset[str] = frozenset()  # words never corrected (the pack's own lexicons, function words)
+    lexicon: frozenset[str] = frozenset()  # the pack's own lexicons' words: a typo's tie goes to one of them
 
     def __bool__(self) -> bool:
         return bool(self.nouns)
@@ -62,11 +64,12 @@ class WordClasses:
         return any(b in self.verbs for b in _inflection_bases(w)[:5])
 
     def singular(self, word: str) -> str:
-        """A plural's singular that the noun table knows ("pandas", "cabins", "puppies"), else the word as it is."""
+        """A plural's singular that the noun table knows ("pandas", "boxes", "puppies"), else the word; lower case.
+        An -es is a plural's only after a hiss or an o ("boxes", "tomatoes"; "Angeles" is no "angel")."""
         w = word.lower()
         if w in self.nouns or not w.endswith("s") or w.endswith("ss"):
             return w
-        bases = (w[:-1], w[:-2] if w.endswith("es") else "", w[:-3] + "y" if w.endswith("ies") else "")
+        bases = (w[:-1], w[:-2] if w.endswith(_ES_PLURALS) else "", w[:-3] + "y" if w.endswith("ies") else "")
         return next((b for b in bases if b in self.nouns), w)
 
     def is_adjective(self, word: str) -> bool:
@@ -75,8 +78,9 @@ class WordClasses:
 
     def correct(self, word: str) -> str | None:
         """The one common noun a single edit away from an unknown word ("rivr" -> "river", "mountians" ->
-        "mountains"), or, for a long word, the one with two vowels swapped ("leapord" -> "leopard"), or the -ing form
-        of a verb written without its g ("sleepin"), else None."""
+        "mountains"; of two, the one in the pack's lexicons: "feild" -> "field", not "felid"), or, for a long word,
+        the one with two vowels swapped ("leapord" -> "leopard"), or the -ing form of a verb written without its g
+        ("sleepin"), else None."""
         w = word.lower()
         if len(w) < MIN_TYPO_CHARS or not self.nouns or self.known(w):
             return None
@@ -89,13 +93,14 @@ class WordClasses:
         return self._noun_edit(w)
 
     def _noun_edit(self, w: str) -> str | None:
-        """The one common noun nearest `w` by `_edits`' tiers (unique within its tier), else None."""
+        """The one common noun nearest `w` by `_edits`' tiers (unique within its tier, or the only one of the tier
+        in `lexicon`), else None."""
         if len(w) < MIN_TYPO_CHARS or self.known(w):
             return None
         for candidates in _edits(w):
             # Typos keep the first letter: "backlight" is no "jacklight", "rivr" is a "river".
             hits = {c for c in candidates if c in self.nouns and len(c) >= MIN_TYPO_CHARS - 1 and c[0] == w[0]}
-            ours = hits & self.protected  # of two equally near nouns, one in the pack's lexicons ("feild": field)
+            ours = hits & self.lexicon  # of two equally near nouns, one in the pack's lexicons ("feild": field)
             if len(hits) == 1 or len(ours) == 1:
                 return (hits if len(hits) == 1 else ours).pop()
             if hits:
@@ -157,15 +162,17 @@ def word_classes(nlp: "Language", protected: frozenset[str] = frozenset()) -> Wo
         return seen[1]
     # Function words ("beside", "upon", "toward") are in no lemmatizer table; they are never typos of a noun
     # ("beside" is not "bedside").
-    protected = protected | frozenset(getattr(getattr(nlp, "Defaults", None), "stop_words", ()) or ())
-    classes = WordClasses(protected=protected)
+    stop_words = frozenset(getattr(getattr(nlp, "Defaults", None), "stop_words", ()) or ())
+    lexicon = protected - stop_words
+    protected = protected | stop_words
+    classes = WordClasses(protected=protected, lexicon=lexicon)
     try:
         lookups = nlp.get_pipe("lemmatizer").lookups  # type: ignore[attr-defined]
         index, exc = lookups.get_table("lemma_index"), lookups.get_table("lemma_exc")
         strings = nlp.vocab.strings
         sets = {c: frozenset(index[strings[c]]) if strings[c] in index else frozenset() for c in _CLASSES}
         irregular = frozenset(w for c in _CLASSES if strings[c] in exc for w in exc[strings[c]])
-        classes = WordClasses(sets["noun"], sets["verb"], sets["adj"], sets["adv"], irregular, protected)
+        classes = WordClasses(sets["noun"], sets["verb"], sets["adj"], sets["adv"], irregular, protected, lexicon)
     except (KeyError, ValueError, AttributeError):
         pass  # no rule lemmatizer tables: no repairs
     _BY_PIPELINE[id(nlp)] = (nlp, classes)
