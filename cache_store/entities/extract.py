@@ -45,8 +45,7 @@ from .casual import casual_spelling
 from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WORDS, ING_NOUNS, LEMMA_EXCEPTIONS,
                       LANDMARK_HEADS, LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS,
-                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, TITLED_NAMES, TITLES,
-                      named_kinds, names_one_of)
+                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, named_kinds)
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
 from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
@@ -145,15 +144,10 @@ class EntityExtractor:
         """`entities_from_doc`, each entity with the index of its head token in `doc`."""
         found = _entities(doc, self.stop_entities.strip_heads, self.words)
         if apply_stop_list:
-            found = [(e, i, p) for e, i, p in found if not self.stop_entities.is_stop(e.text, e.head)]
-        # A title takes the role of the name it stands before ("Detective Frank Malone"): the roles are read as if
-        # the name alone were written, then handed to the title.
-        named = [(e, i) for e, i, person in found if person is None]
-        role_at = dict(zip((i for _, i in named), roles_for(doc, [i for _, i in named], [e.kind for e, _ in named])))
-        with_roles = [replace(e, role=role_at[i] if person is None else role_at.get(person, SECONDARY))
-                      for e, i, person in found]
-        heads = {e.text: i for e, i, _ in found}  # texts are unique; merging keeps the longer text of a pair
-        return [(e, heads[e.text]) for e in merge_variants(with_roles)]
+            found = [(e, i) for e, i in found if not self.stop_entities.is_stop(e.text, e.head)]
+        roles = roles_for(doc, [i for _, i in found], [e.kind for e, _ in found])
+        heads = {e.text: i for e, i in found}  # texts are unique; merging keeps the longer text of a pair
+        return [(e, heads[e.text]) for e in merge_variants([replace(e, role=r) for (e, _), r in zip(found, roles)])]
 
     def _prepare(self, prompt: str) -> str:
         """The text to parse: truncated, template phrases masked; '' for a prompt in another language."""
@@ -188,16 +182,12 @@ def merge_variants(entities: list[Entity]) -> list[Entity]:
 
 def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
               words: WordClasses = WordClasses()) -> list[tuple[Entity, int]]:
-    """(entity, head token index, the head of the name a title stands before or None) in order of first mention,
-    one per distinct text."""
+    """(entity, head token index) pairs in order of first mention, one per distinct text."""
     nominal = repairs(doc, words)
     raw = _chunk_candidates(doc, nominal) + _run_candidates(doc, nominal)
     cleaned = [_clean(doc, indices, nominal) for indices in raw]
-    merged: dict[str, tuple[Entity, int, int | None]] = {}
-    title_case = _title_cased(doc)
-    spans = [part for span in _outermost(cleaned)
-             for part in ([(span, None)] if title_case else _title_and_name(doc, span))]
-    for indices, person in spans:
+    merged: dict[str, tuple[Entity, int]] = {}
+    for indices in _outermost(cleaned):
         made = _make_entity(doc, indices, nominal, strip_heads, words)
         if made is None:
             continue
@@ -206,37 +196,9 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
             continue  # "A breathtaking aerial shot sweeps ...": the tagger's noun is a look, never an entity alone
         seen = merged.get(entity.text)
         if seen is None or (entity.kind == "scene" and seen[0].kind != "scene"):
-            merged[entity.text] = (entity, made[1], person)
+            merged[entity.text] = made
     # Order of first mention: dict insertion order follows the candidates' sorted starts.
     return list(merged.values())
-
-
-def _title_cased(doc: "Doc") -> bool:
-    """A prompt written in title case ("Samurai Cat Walking Through A Bamboo Forest"): a function word inside a
-    sentence is capitalised, so capitals say nothing of names."""
-    return any(t.is_stop and t.is_alpha and t.text[:1].isupper() and not t.is_sent_start for t in doc)
-
-
-def _title_and_name(doc: "Doc", indices: tuple[int, ...]) -> list[tuple[tuple[int, ...], int | None]]:
-    """A title before a full name ("Detective Frank Malone", "the grizzled Commander Elena Reyes") as two spans,
-    the title with what comes before it and the name, each with the head of the name the title goes with (None for
-    the name); any other span alone. Both name the person: a later prompt may say only "the detective" or only
-    "Reyes". A name of one word is left whole, as so many are a title's thing ("Captain Hook", "Princess Peach",
-    "King Cobra", "Emperor Penguins"), and so is a name of a place or a landmark ("Prince Edward Island")."""
-    def a_name(i: int) -> bool:
-        return doc[i].pos_ == "PROPN" and doc[i].is_alpha and doc[i].text[:1].isupper()
-
-    for end in range(1, len(indices) - 1):
-        name = indices[end:]
-        if not all(a_name(i) for i in name) or doc[name[-1]].lower_ in _PLACE_HEADS:
-            continue
-        for width in (2, 1):
-            if end < width or any(a_name(i) for i in indices[:end - width]):
-                continue  # the title opens the name's capitalised run or stands right before it
-            words = [doc[i].lower_ for i in indices[end - width:end]]
-            if names_one_of(" ".join(words), TITLES) and " ".join(words + [doc[name[0]].lower_]) not in TITLED_NAMES:
-                return [(indices[:end], name[-1]), (name, None)]
-    return [(indices, None)]
 
 
 def _adjective_alone(text: str, words: WordClasses) -> bool:
@@ -339,13 +301,12 @@ def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
 
 
 def _plural_as_written(doc: "Doc", indices: tuple[int, ...], words: WordClasses) -> bool:
-    """Whether a head the tagger called a proper noun is a common plural: in lower case after words the tables know
-    ("wooden cabins", "test tubes"), or title-cased after adjectives ("Red Pandas"); a name stays as written
-    ("Waffles, a fluffy corgi", "los angeles", "las vegas")."""
+    """Whether a head the tagger called a proper noun is a common plural: written in lower case, alone or after
+    nouns or adjectives the tables know ("tacos", "wooden cabins", "test tubes"). A name stays as written ("los
+    angeles", "Waffles"), and so does a title-cased phrase, a kind's name as often as a band's ("Red Pandas",
+    "Black Keys")."""
     modifiers = [doc[i].lower_ for i in indices[:-1] if doc[i].is_alpha]
-    if doc[indices[-1]].text.islower():
-        return all(w in words.nouns or w in words.adjectives for w in modifiers)
-    return bool(modifiers) and all(words.is_adjective(w) or w in COLOUR_WORDS for w in modifiers)
+    return doc[indices[-1]].text.islower() and all(w in words.nouns or w in words.adjectives for w in modifiers)
 
 
 def _a_decade(word: str) -> bool:
@@ -383,7 +344,7 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
         head_lemma = head_tok.lemma_.lower()
     elif (head_tok.tag_ in ("NNP", "NNPS") and head_tok.lower_ not in LEMMA_EXCEPTIONS
           and _plural_as_written(doc, indices, words)):
-        head_lemma = words.singular(head_lemma)  # "Red Pandas", "wooden cabins": the lemmatiser leaves names alone
+        head_lemma = words.singular(head_lemma)  # "wooden cabins": the lemmatiser leaves names alone
     if head_lemma in QUANTITY_HEADS and nxt is not None and nxt.lower_ == "of":
         return None
     parts: list[str] = []
@@ -428,7 +389,9 @@ def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
     """The head and the nouns written right before it ("sports car" in "red sports car"): adjectives describe
     how a thing looks, a noun compounded onto the head can make it another thing ("sea lion", "teddy bear"), and
     so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`) and a
-    kind's name ending at the head or at the noun before it ("red panda", "red panda cub": `lexicon.NAMED_KINDS`)."""
+    kind's name ending at the head or at the noun before it ("red panda", "red panda cub": `lexicon.NAMED_KINDS`).
+    A coined brand before a common noun stops it (`_a_brand`: "AeroFlux X1 sneakers" is a "sneaker"), except before a
+    place or a landmark (`lexicon.LANDMARK_HEADS`)."""
     words, rest = _named_kind_end(doc, indices, head)
     common_head = doc[indices[-1]].text.islower() and head not in _PLACE_HEADS
     for i in reversed(rest):
@@ -444,13 +407,13 @@ def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
 
 
 def _a_brand(tok: "Token") -> bool:
-    """A coined name before a common noun, with a capital inside it or a digit ("AeroFlux X1 sneakers", "an iPhone
-    case", "a PlayStation controller"): it says whose thing it is, not what kind, so it stays out of the core. A
-    name capitalised only as names are stays in ("Komodo dragon", "Christmas tree", "Nike shoes": capitals alone do
-    not tell a brand from a kind's name), and so does any name before a place or a landmark
-    (`lexicon.LANDMARK_HEADS`: "Eiffel tower")."""
+    """A coined name, with a capital inside it or a digit ("AeroFlux X1 sneakers", "an iPhone case"): before a
+    common noun it says whose thing it is, not what kind, so `_core` leaves it out. A name capitalised only as names
+    are is not one ("Komodo dragon", "Christmas tree", "Nike shoes": capitals alone do not tell a brand from a
+    kind's name)."""
     text = tok.text
-    return any(ch.isdigit() for ch in text) or (any(ch.isupper() for ch in text[1:]) and any(ch.islower() for ch in text))
+    camel = any(ch.isupper() for ch in text[1:]) and any(ch.islower() for ch in text)
+    return camel or any(ch.isdigit() for ch in text)
 
 
 def _named_kind_end(doc: "Doc", indices: tuple[int, ...], head: str) -> tuple[list[str], tuple[int, ...]]:

@@ -144,25 +144,10 @@ PERSON_ROLES = frozenset({
     "rider", "jockey", "biker", "motorcyclist", "equestrian", "horseman", "horsewoman",
 })
 
-# Ranks and offices written before a person's name ("Commander Elena Reyes", "Professor Ada Lin"): with the person
-# roles they are the title that `extract` reads as an entity of its own beside the name ("detective" and "frank
-# malone"), so a later prompt naming only one of the two still finds the other. "General" and "Major" are left
-# out: as often adjectives ("General Motors").
-TITLES = PERSON_ROLES | frozenset({
-    "commander", "sergeant", "lieutenant", "colonel", "admiral", "inspector", "officer", "professor", "judge",
-    "mayor", "president", "senator", "governor", "marshal", "commissioner", "chief", "coach", "lord", "duke",
-    "duchess", "baron", "baroness", "uncle", "aunt", "grandma", "grandpa",
-})
-# Names that open with a title but are no person of that title, when more capitalised words follow them ("Captain
-# America Civil War"): read whole, as names.
-TITLED_NAMES = frozenset({"king kong", "captain america", "captain marvel", "doctor who", "doctor strange",
-                          "witch hazel"})
-
-# Heads that make a landmark or a named thing of what names them, beside the scene heads: a name before one stays
-# in the core ("Eiffel tower", "Ferris wheel"), and a title with a name before one is no person ("Queen Elizabeth
-# Tower", "Prince William Sound").
+# Heads that make a landmark or a named thing of the name before them, beside the scene heads: even a coined name
+# stays in the core there (`extract._core`: "the AeroBlade Tower", "the StarLink Bridge").
 LANDMARK_HEADS = frozenset({"tower", "building", "statue", "gate", "monument", "memorial", "pyramid", "wall",
-                            "bridge", "falls", "sound", "center", "centre", "college", "ship", "clock", "wheel"})
+                            "bridge", "falls", "center", "centre", "clock", "wheel"})
 
 
 def names_one_of(phrase: str, words: frozenset[str]) -> bool:

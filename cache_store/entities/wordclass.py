@@ -67,8 +67,8 @@ class WordClasses:
         """A plural's singular that the noun table knows ("pandas", "boxes", "puppies"), else the word; lower case.
         An -es is a plural's only after a hiss or an o ("boxes", "tomatoes"; "Angeles" is no "angel")."""
         w = word.lower()
-        if w in self.nouns or not w.endswith("s") or w.endswith("ss"):
-            return w
+        if w in self.nouns or w in self.irregular or not w.endswith("s") or w.endswith("ss"):
+            return w  # an irregular plural ("leaves") is the lemmatiser's, not a rule's
         bases = (w[:-1], w[:-2] if w.endswith(_ES_PLURALS) else "", w[:-3] + "y" if w.endswith("ies") else "")
         return next((b for b in bases if b in self.nouns), w)
 
@@ -122,8 +122,8 @@ class WordClasses:
 
 
 def _edits(w: str) -> list[set[str]]:
-    """One-edit neighbours in order of how typos usually happen: a missing or doubled letter, two letters
-    swapped, then a wrong letter."""
+    """One-edit neighbours in order of how typos usually happen: a doubled letter, two letters swapped ("palce" is
+    "place" before it is "palace"), a missing letter, then an extra or a wrong one."""
     splits = [(w[:i], w[i:]) for i in range(len(w) + 1)]
     doubled = {a + b[0] + b for a, b in splits if b} | {a + b[1:] for a, b in splits if len(b) > 1 and b[0] == b[1]}
     inserts = {a + c + b for a, b in splits for c in _LETTERS}
@@ -131,7 +131,7 @@ def _edits(w: str) -> list[set[str]]:
     swaps = {a + b[1] + b[0] + b[2:] for a, b in splits if len(b) > 1}
     replaces = {a + c + b[1:] for a, b in splits if b for c in _LETTERS if c != b[0]}
     # An extra or a wrong letter in a short word more often makes another word than a typo ("vlog", "hoodie").
-    return [doubled, inserts | swaps, deletes if len(w) >= 6 else set(), replaces if len(w) >= 7 else set(),
+    return [doubled, swaps, inserts, deletes if len(w) >= 6 else set(), replaces if len(w) >= 7 else set(),
             _vowel_swaps(w) if len(w) >= VOWEL_SWAP_CHARS else set()]
 
 
