@@ -73,9 +73,9 @@ _SPACES = re.compile(r"\s+")
 _LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
 MAX_WORD_CHARS = 40
 _DECADE = re.compile(r"'?(?:\d|1\d\d|20\d)0s|\d+(?:fps|k|p)")
-_PLACE_HEADS = SCENE_HEADS | LANDMARK_HEADS
 _DECADE_WORDS = frozenset({"twenties", "thirties", "forties", "fifties", "sixties", "seventies", "eighties",
                            "nineties"})
+_PLACE_HEADS = SCENE_HEADS | LANDMARK_HEADS
 
 
 @dataclass(frozen=True)
