@@ -539,3 +539,17 @@ def test_of_two_equally_near_nouns_the_one_in_the_packs_lexicons_repairs_a_typo(
     tied = WordClasses(nouns=frozenset({"field", "felid"}))
     assert tied.correct("feild") is None  # without the lexicons the tie stays a tie
     assert WordClasses(nouns=frozenset({"field", "felid"}), lexicon=frozenset({"field"})).correct("feild") == "field"
+
+
+def test_a_look_said_after_its_thing_is_never_the_head(extractor):
+    # casual prompts put a mood after the place; the tagger makes it a noun and the place's head
+    assert roles(extractor, "little robot lost in junkyard sad") == {"little robot": "main", "junkyard": "scene"}
+    assert roles(extractor, "dog cute") == {"dog": "main"}
+    # a word the tables know as a noun too stays ("tea cozy"), and so does a capitalised name
+    assert "tea cozy" in roles(extractor, "a tea cozy on the table")
+
+
+def test_a_verb_the_tables_know_only_as_a_verb_before_its_object_is_no_head(extractor):
+    got = roles(extractor, "The knight raises his shield as a red dragon's fire engulfs him, sparks and embers")
+    assert "fire" in got and not [t for t in got if "engulf" in t]
+    assert roles(extractor, "a huge wave engulfs them") == {"huge wave": "main"}

@@ -214,7 +214,8 @@ def _is_wordlike(tok: "Token") -> bool:
 
 
 def _is_head(tok: "Token", nominal: Repairs) -> bool:
-    return (tok.pos_ in _HEAD_POS or tok.i in nominal) and tok.i not in nominal.verbal and _is_wordlike(tok)
+    return ((tok.pos_ in _HEAD_POS or tok.i in nominal) and tok.i not in nominal.verbal and tok.i not in nominal.looks
+            and _is_wordlike(tok))
 
 
 def _is_participle(doc: "Doc", i: int, nominal: Repairs) -> bool:

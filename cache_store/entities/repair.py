@@ -46,6 +46,7 @@ _SINGULAR_DETS = frozenset({"a", "an", "the", "each", "every", "one", "this", "t
 _ONLY_SINGULAR_DETS = _SINGULAR_DETS - {"the"}
 _POSSESSOR_TAGS = frozenset({"POS", "PRP$"})
 _OBJECT_DETS = frozenset({"a", "an", "his", "her", "its", "their"})
+_OBJECT_WORDS = _OBJECT_DETS | {"him", "them", "it", "me", "us"}
 # Verbs a prompt gives as a command to the camera or the viewer: a sentence opening with one is an imperative.
 IMPERATIVE_VERBS = frozenset({
     "fly", "move", "go", "rise", "run", "travel", "glide", "soar", "swoop", "drift", "float", "push", "pull",
@@ -67,6 +68,7 @@ class Repairs:
 
     nominal: set[int] = field(default_factory=set)
     verbal: set[int] = field(default_factory=set)
+    looks: set[int] = field(default_factory=set)  # adjectives tagged as nouns after a noun: never a head
 
     def __contains__(self, index: object) -> bool:
         return index in self.nominal
@@ -81,7 +83,23 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     doers, doing = _nouns_before_participles(doc, words)
     verbal |= doing
     return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers
-                    | _plurals_taken_for_verbs(doc, words)) - verbal, verbal)
+                    | _plurals_taken_for_verbs(doc, words)) - verbal, verbal, _trailing_looks(doc, words))
+
+
+def _trailing_looks(doc: "Doc", words: WordClasses) -> set[int]:
+    """A lower-case word the tables know only as an adjective, tagged as a noun right after a noun ("little robot
+    lost in junkyard sad", "beach peaceful"): a look said after its thing, as casual prompts do, never the head."""
+    out: set[int] = set()
+    if not words:
+        return out
+    for tok in doc[1:]:
+        word = tok.lower_
+        if tok.tag_ not in ("NN", "NNP", "NNPS") or not tok.is_alpha or not tok.is_lower:
+            continue
+        if words.is_adjective(word) and word not in words.nouns and word not in words.protected \
+                and doc[tok.i - 1].pos_ in _HEAD_POS:
+            out.add(tok.i)
+    return out
 
 
 def _plurals_taken_for_verbs(doc: "Doc", words: WordClasses) -> set[int]:
@@ -185,12 +203,14 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
             continue
         noun_prev = not prev.is_stop and (prev.tag_ in ("NN", "NNP", "NNS")
                                           or (prev.tag_ == "JJ" and prev.lower_ in words.nouns))
-        if tok.tag_ not in ("NNS", "VBZ") or not tok.lower_.endswith("s") or not noun_prev:
+        # "a red dragon's fire engulfs him" (sm: NN): an -s word the tables know only as a verb
+        verb_only = tok.tag_ == "NN" and tok.lower_ not in words.nouns and not _a_nouns_plural(tok.lower_, words)
+        if (tok.tag_ not in ("NNS", "VBZ") and not verb_only) or not tok.lower_.endswith("s") or not noun_prev:
             continue
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
-        if nxt is not None and nxt.lower_ in _OBJECT_DETS:
+        if nxt is not None and nxt.lower_ in _OBJECT_WORDS:
             # "... in a long coat lights a cigarette", "a trench coat and fedora lights a cigarette" (sm: fedora
-            # NNS): a plural noun never takes a determiner after it.
+            # NNS): a plural noun never takes a determiner or an object pronoun after it.
             out.add(tok.i)
             continue
         if prev.tag_ == "NNS":

@@ -145,7 +145,10 @@ def activity(doc: "Doc", head_index: int, lemma: Callable[["Token"], str] = lamb
     if tok.dep_ in _SUBJECT_DEPS and tok.head.pos_ in ("VERB", "AUX"):
         verb = tok.head
     else:
-        verb = next((c for c in tok.children if c.dep_ in ("acl", "relcl") and c.pos_ == "VERB"), None)
+        # A clause on the person: a participle ("a girl singing") or a relative clause; sm also hangs a list's
+        # plural on it as a finite acl ("the girl on the bicycle ..., sparks and splashes").
+        verb = next((c for c in tok.children if c.pos_ == "VERB" and (
+            c.dep_ == "relcl" or (c.dep_ == "acl" and c.tag_ in ("VBG", "VBN")))), None)
     if verb is None:
         return ""
     words = [verb.text.lower() if verb.tag_ == "VBG" else verb.lemma_.lower()]
