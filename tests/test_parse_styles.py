@@ -518,7 +518,9 @@ def test_plurals_the_tagger_called_names_are_read_in_the_singular(extractor):
 
 
 def test_decades_frame_rates_and_slow_motion_are_looks(extractor):
-    assert "fifty" not in " ".join(roles(extractor, "The red fifties convertible at an old gas station"))
+    got = roles(extractor, "The red fifties convertible at an old gas station")
+    assert "fifty" not in " ".join(got) and got["red convertible"] == "main"  # the decade's noun, tagged JJ
+    assert "red car" in roles(extractor, "a 1950s red car at a diner")
     assert not [t for t in roles(extractor, "a rainy street in the 1940s, 80s synth, 1000fps, 8k") if t[0].isdigit()]
     assert roles(extractor, "dog catching frisbee slow mo") == {"dog": "main", "frisbee": "secondary"}
     assert roles(extractor, "a hummingbird, ultra slow motion") == {"hummingbird": "main"}
@@ -553,3 +555,16 @@ def test_a_verb_the_tables_know_only_as_a_verb_before_its_object_is_no_head(extr
     got = roles(extractor, "The knight raises his shield as a red dragon's fire engulfs him, sparks and embers")
     assert "fire" in got and not [t for t in got if "engulf" in t]
     assert roles(extractor, "a huge wave engulfs them") == {"huge wave": "main"}
+
+
+def test_a_casual_run_on_of_a_place_and_a_person_is_read_as_both(extractor):
+    assert roles(extractor, "sunflower field girl running") == {"sunflower field": "scene", "girl running": "main"}
+    got = roles(extractor, "cyberpunk city rain neon girl on a bike")
+    assert got["cyberpunk city"] == "scene" and got["girl"] == "main"
+    assert roles(extractor, "beach little girl")["little girl"] == "main"
+    # a compound written as a phrase, two words, a thing or title case stays one entity
+    for prompt, text in (("a little village boy with a kite", "little village boy"),
+                         ("A street musician playing saxophone", "street musician"),
+                         ("baby sea turtles going to the ocean", "baby sea turtle"),
+                         ("Sunflower Field Girl", "sunflower field girl")):
+        assert text in roles(extractor, prompt), prompt

@@ -44,8 +44,8 @@ from ..naming import encodable_text
 from .casual import casual_spelling
 from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WORDS, ING_NOUNS, LEMMA_EXCEPTIONS,
-                      LANDMARK_HEADS, LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS,
-                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, named_kinds)
+                      LANDMARK_HEADS, LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PERSON_ROLES, PLACE_NAME_PREPOSITIONS,
+                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, a_decade, named_kinds)
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
 from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
@@ -72,10 +72,8 @@ _NOT_COMPOUND_POS = frozenset({"VERB", "AUX", "ADP", "PART", "PUNCT", "CCONJ", "
 _SPACES = re.compile(r"\s+")
 _LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
 MAX_WORD_CHARS = 40
-_DECADE = re.compile(r"'?(?:\d|1\d\d|20\d)0s|\d+(?:fps|k|p)")
-_DECADE_WORDS = frozenset({"twenties", "thirties", "forties", "fifties", "sixties", "seventies", "eighties",
-                           "nineties"})
 _PLACE_HEADS = SCENE_HEADS | LANDMARK_HEADS
+_PEOPLE = GENERIC_PEOPLE | PERSON_ROLES
 
 
 @dataclass(frozen=True)
@@ -187,7 +185,7 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
     raw = _chunk_candidates(doc, nominal) + _run_candidates(doc, nominal)
     cleaned = [_clean(doc, indices, nominal) for indices in raw]
     merged: dict[str, tuple[Entity, int]] = {}
-    for indices in _outermost(cleaned):
+    for indices in (part for span in _outermost(cleaned) for part in _split_run_on(doc, span, nominal)):
         made = _make_entity(doc, indices, nominal, strip_heads, words)
         if made is None:
             continue
@@ -199,6 +197,31 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
             merged[entity.text] = made
     # Order of first mention: dict insertion order follows the candidates' sorted starts.
     return list(merged.values())
+
+
+def _split_run_on(doc: "Doc", indices: tuple[int, ...], nominal: Repairs) -> list[tuple[int, ...]]:
+    """A casual run-on of a place and a person ("sunflower field girl running", "cyberpunk city rain neon girl"):
+    the place up to its last place noun, and the person with the adjectives right before it (nouns between are
+    dropped). Only for three words or more, all in lower case, with no determiner before them, and a person as
+    the head: "baby sea turtle", "a little village boy", "street musician" and "Sunflower Field Girl" stay one
+    thing."""
+    head = doc[indices[-1]]
+    before = doc[indices[0] - 1] if indices[0] > 0 else None
+    if len(indices) < 3 or _lemma(head) not in _PEOPLE or any(not doc[i].is_alpha or not doc[i].is_lower
+                                                               for i in indices):
+        return [indices]
+    if before is not None and (before.pos_ == "DET" or before.tag_ in ("PRP$", "POS")):
+        return [indices]  # "a little village boy": written as a phrase, a compound
+    places = [n for n, i in enumerate(indices[:-1]) if _lemma(doc[i]) in SCENE_HEADS and _is_head(doc[i], nominal)]
+    if not places:
+        return [indices]
+    cut = places[-1] + 1
+    person = [indices[-1]]
+    for i in reversed(indices[cut:-1]):
+        if doc[i].pos_ != "ADJ" or i + 1 != person[0]:
+            break
+        person.insert(0, i)
+    return [indices[:cut], tuple(person)]
 
 
 def _adjective_alone(text: str, words: WordClasses) -> bool:
@@ -286,7 +309,7 @@ def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
         if is_glue_hyphen(doc, i):
             kept.append(i)
             continue
-        if not _is_wordlike(tok) or tok.like_num or tok.lower_ in QUANTITY_WORDS or _a_decade(tok.lower_):
+        if not _is_wordlike(tok) or tok.like_num or tok.lower_ in QUANTITY_WORDS or a_decade(tok.lower_):
             continue
         if tok.pos_ in _MODIFIER_POS or tok.i in nominal or (tok.dep_ == "compound"
                                                              and tok.pos_ not in _NOT_COMPOUND_POS):
@@ -308,12 +331,6 @@ def _plural_as_written(doc: "Doc", indices: tuple[int, ...], words: WordClasses)
     "Black Keys")."""
     modifiers = [doc[i].lower_ for i in indices[:-1] if doc[i].is_alpha]
     return doc[indices[-1]].text.islower() and all(w in words.nouns or w in words.adjectives for w in modifiers)
-
-
-def _a_decade(word: str) -> bool:
-    """A decade ("1940s", "80s", "the fifties"), a frame rate or a resolution ("1000fps", "8k", "1080p"): a look,
-    never a thing in the frame."""
-    return word in _DECADE_WORDS or _DECADE.fullmatch(word) is not None
 
 
 def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:

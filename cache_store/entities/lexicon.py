@@ -4,6 +4,8 @@ Each list is a closed class or a lexicon the parser cannot know (see `entities` 
 """
 from __future__ import annotations
 
+import re
+
 QUANTITY_WORDS = frozenset({
     "few", "several", "many", "numerous", "multiple", "various", "some", "each", "every", "both", "all",
     "another", "other", "much", "more", "most", "any", "no", "single", "dozen", "dozens", "hundreds",
@@ -241,3 +243,13 @@ def same_kind_of_place(a: str, b: str) -> bool:
     kind = SCENE_KIND.get(a)
     return kind is not None and kind == SCENE_KIND.get(b)
 
+
+_DECADE = re.compile(r"'?(?:\d|1\d\d|20\d)0s|\d+(?:fps|k|p)")
+_DECADE_WORDS = frozenset({"twenties", "thirties", "forties", "fifties", "sixties", "seventies", "eighties",
+                           "nineties"})
+
+
+def a_decade(word: str) -> bool:
+    """A decade ("1940s", "80s", "the fifties"), a frame rate or a resolution ("1000fps", "8k", "1080p"): a look,
+    never a thing in the frame."""
+    return word in _DECADE_WORDS or _DECADE.fullmatch(word) is not None

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .lexicon import a_decade
 from .wordclass import WordClasses
 
 if TYPE_CHECKING:
@@ -83,7 +84,22 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     doers, doing = _nouns_before_participles(doc, words)
     verbal |= doing
     return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers
-                    | _plurals_taken_for_verbs(doc, words)) - verbal, verbal, _trailing_looks(doc, words))
+                    | _plurals_taken_for_verbs(doc, words) | _nouns_after_decades(doc, words)) - verbal, verbal,
+                   _trailing_looks(doc, words))
+
+
+def _nouns_after_decades(doc: "Doc", words: WordClasses) -> set[int]:
+    """A noun the tagger read as an adjective after a decade, ending its phrase ("The red fifties convertible at an
+    old gas station", sm: NNS JJ): a decade describes the thing after it."""
+    out: set[int] = set()
+    if not words:
+        return out
+    for tok in doc[1:]:
+        nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+        if tok.tag_ == "JJ" and tok.lower_ in words.nouns and a_decade(doc[tok.i - 1].lower_) \
+                and (nxt is None or nxt.pos_ not in _HEAD_POS):
+            out.add(tok.i)
+    return out
 
 
 def _trailing_looks(doc: "Doc", words: WordClasses) -> set[int]:
