@@ -14,6 +14,7 @@ request entity matches a donor entity as the rule requires. Rules:
     python -m bench.bench_hit_precision                      # default thresholds, both splits
     python -m bench.bench_hit_precision --thresholds 0.6,0.7,0.8 --split calib
     python -m bench.bench_hit_precision --labels style --thresholds 0.65 --by-style   # the issue-25 set, per style
+    python -m bench.bench_hit_precision --labels fresh --thresholds 0.65 --by-style --through-store  # the sealed set
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ import time
 
 
 from bench._common import table
-from bench.hit_labels import DATA, STYLE_DATA, Pair, agreement, embed_all, load_pairs, score
+from bench.hit_labels import DATA, FRESH_DATA, STYLE_DATA, Pair, agreement, embed_all, load_pairs, score, \
+    score_through_store
 
 THRESHOLDS = (0.6, 0.65, 0.7, 0.75, 0.8)
 
@@ -78,11 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
     ap.add_argument("--split", choices=("calib", "heldout", "both"), default="both")
-    ap.add_argument("--labels", choices=("issue11", "style"), default="issue11",
-                    help="bench/data/hit_pairs (issue 11) or bench/data/style_pairs (issue 25)")
+    ap.add_argument("--labels", choices=("issue11", "style", "fresh"), default="issue11",
+                    help="bench/data/hit_pairs (issue 11), bench/data/style_pairs (issue 25) or bench/data/fresh_pairs "
+                         "(issue 25's sealed set)")
     ap.add_argument("--by-style", action="store_true", help="one row per style (source) instead of per split")
+    ap.add_argument("--through-store", action="store_true",
+                    help="also score each pair through ChaiCache itself (a fresh cache holding only its donor)")
     args = ap.parse_args(argv)
-    data = STYLE_DATA if args.labels == "style" else DATA
+    data = {"style": STYLE_DATA, "fresh": FRESH_DATA}.get(args.labels, DATA)
     pairs = load_pairs(data)
     n, exact, main = agreement(data)
     print(f"{len(pairs)} labelled pairs; labellers A/B agree exactly on {exact:.1%} of {n}, on 'main or not' "
@@ -99,6 +104,13 @@ def main(argv: list[str] | None = None) -> int:
                 s = score([p for p in pairs if (p.source if args.by_style else p.split) == split], accepts)
                 rows.append([name, f"{thr:.2f}", split, s.pairs, s.accepted, f"{s.precision_main:.3f}",
                              f"{s.precision_any:.3f}", f"{s.recall:.3f}"])
+    if args.through_store:
+        for thr in [float(t) for t in args.thresholds.split(",")]:
+            for group in groups + ["all"]:
+                s = score_through_store([p for p in pairs if group == "all"
+                                         or (p.source if args.by_style else p.split) == group], thr)
+                rows.append(["ChaiCache (the pack itself)", f"{thr:.2f}", group, s.pairs, s.accepted,
+                             f"{s.precision_main:.3f}", f"{s.precision_any:.3f}", f"{s.recall:.3f}"])
     print(table(["rule", "thr", "style" if args.by_style else "split", "pairs", "accepted", "prec. main",
                  "prec. any", "recall (2)"], rows))
     return 0

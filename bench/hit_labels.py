@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterable
 
 DATA = Path(__file__).resolve().parent / "data" / "hit_pairs"
 STYLE_DATA = Path(__file__).resolve().parent / "data" / "style_pairs"  # issue 25: prompts in users' styles
+# issue 25, sealed: new prompts by a new writer, labelled after the seventeenth pass; never read to fit or choose
+FRESH_DATA = Path(__file__).resolve().parent / "data" / "fresh_pairs"
 
 
 @dataclass(frozen=True)
