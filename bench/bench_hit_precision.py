@@ -23,8 +23,8 @@ import time
 
 
 from bench._common import table
-from bench.hit_labels import DATA, FRESH_DATA, STYLE_DATA, Pair, agreement, embed_all, load_pairs, score, \
-    score_through_store
+from bench.hit_labels import DATA, FRESH_DATA, STYLE_DATA, Pair, agreement, decide_through_store, embed_all, \
+    load_pairs, score
 
 THRESHOLDS = (0.6, 0.65, 0.7, 0.75, 0.8)
 
@@ -106,9 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"{s.precision_any:.3f}", f"{s.recall:.3f}"])
     if args.through_store:
         for thr in [float(t) for t in args.thresholds.split(",")]:
-            for group in groups + ["all"]:
-                s = score_through_store([p for p in pairs if group == "all"
-                                         or (p.source if args.by_style else p.split) == group], thr)
+            decided = decide_through_store(pairs, thr)  # each pair once, whatever its groups
+            for group in [*groups, "all"]:
+                s = score([p for p in pairs if group == "all" or (p.source if args.by_style else p.split) == group],
+                          lambda p: decided[p.id])
                 rows.append(["ChaiCache (the pack itself)", f"{thr:.2f}", group, s.pairs, s.accepted,
                              f"{s.precision_main:.3f}", f"{s.precision_any:.3f}", f"{s.recall:.3f}"])
     print(table(["rule", "thr", "style" if args.by_style else "split", "pairs", "accepted", "prec. main",

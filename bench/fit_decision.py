@@ -305,6 +305,16 @@ def columns(names: tuple[str, ...] | str | None) -> list[int]:
     return list(range(len(FEATURES))) if names is None else [FEATURES.index(n) for n in names]
 
 
+def store_can_run(names: tuple[str, ...] | str | None) -> bool:
+    """Whether the store reads a feature set as the fit does: no whole-prompt similarity or mention windows, and no
+    feature of the donor's first-named main subject (the store reads a donor's entities in entity-id order)."""
+    from comfyui_chai.cache_store.lookup.decision import DONOR_ORDER_FEATURES, FEATURES
+
+    if names in ("prompt", "windows"):
+        return False
+    return not {FEATURES[c] for c in columns(names)} & DONOR_ORDER_FEATURES
+
+
 _FITS: dict[tuple, tuple] = {}  # the nested margin refits the same subsets; the arrays kept to check the ids
 
 
@@ -535,11 +545,11 @@ def main(argv: list[str] | None = None) -> int:
             rows = loso(t, columns(names), floor)
             key = selection_key(rows)
             summary.append([name, f"{floor:.2f}", key[0], f"{key[1]:.3f}"])
-            if names in ("prompt", "windows") or abs(floor - ship_floor) > 1e-9:
+            if not store_can_run(names) or abs(floor - ship_floor) > 1e-9:
                 continue
             if chosen is None or key > chosen[0]:
                 chosen = (key, name, floor, rows)
-            reads_prompt = names is None or bool(set(names) & PROMPT_FEATURES)
+            reads_prompt = bool({FEATURES[c] for c in columns(names)} & PROMPT_FEATURES)
             if not reads_prompt and (fallback is None or key > fallback[0]):
                 fallback = (key, name, floor, rows)
     print(f"threshold criterion: {CRITERION}")

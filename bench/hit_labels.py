@@ -176,6 +176,13 @@ def label_index(data: Path = DATA) -> dict[tuple[str, str], int]:
 
 def score_through_store(pairs: Iterable[Pair], threshold: float | None = None) -> Scores:
     """Precision and recall of the pack itself: each pair looked up in a fresh ChaiCache holding only its donor."""
+    pairs = list(pairs)
+    decided = decide_through_store(pairs, threshold)
+    return score(pairs, lambda p: decided[p.id])
+
+
+def decide_through_store(pairs: Iterable[Pair], threshold: float | None = None) -> dict[str, bool]:
+    """Pair id -> whether the pack hits: the pair's request looked up in a fresh ChaiCache holding only its donor."""
     import shutil
     import tempfile
 
@@ -200,4 +207,4 @@ def score_through_store(pairs: Iterable[Pair], threshold: float | None = None) -
         base.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return score(pairs, lambda p: decided[p.id])
+    return decided

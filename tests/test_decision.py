@@ -131,3 +131,15 @@ def test_places_that_agree_only_by_their_kind_say_so():
     assert rule.scenes_agree([dog, field], [dog, meadow], lambda q, d: 0.42)
     values = features(side(dog, field), side(dog, meadow), rule)
     assert values["scene_conflict"] == 1.0 and values["scene_sim"] < 0.99 and values["scene_primary"] == 0.0
+
+
+def test_no_feature_set_the_store_cannot_read_as_the_fit_did_is_shipped():
+    from bench import fit_decision as fd
+    from comfyui_chai.cache_store.lookup.decision import DONOR_ORDER_FEATURES
+
+    assert not fd.store_can_run(fd.FEATURE_SETS["all"])  # it reads the donor's first-named main subject
+    assert not fd.store_can_run("prompt") and not fd.store_can_run("windows")
+    assert fd.store_can_run(fd.FEATURE_SETS["sims+primary+length+scene+unanswered+donor_prompt"])
+    model = default_decision()
+    for m in (model, model.fallback):
+        assert not any(m.weights.get(name) for name in DONOR_ORDER_FEATURES)

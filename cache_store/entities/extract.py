@@ -44,9 +44,9 @@ from ..naming import encodable_text
 from .casual import casual_spelling
 from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WORDS, ING_NOUNS, LEMMA_EXCEPTIONS,
-                      LANDMARK_HEADS, LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PERSON_ROLES, PLACE_NAME_PREPOSITIONS,
+                      LANDMARK_HEADS, LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS,
                       QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, a_decade, named_kinds)
-from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
+from .roles import GENERIC_PEOPLE, MAIN, PEOPLE, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
 from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
 from .stop_entities import StopEntities
@@ -73,7 +73,6 @@ _SPACES = re.compile(r"\s+")
 _LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
 MAX_WORD_CHARS = 40
 _PLACE_HEADS = SCENE_HEADS | LANDMARK_HEADS
-_PEOPLE = GENERIC_PEOPLE | PERSON_ROLES
 
 
 @dataclass(frozen=True)
@@ -201,21 +200,25 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
 
 def _split_run_on(doc: "Doc", indices: tuple[int, ...], nominal: Repairs) -> list[tuple[int, ...]]:
     """A casual run-on of a place and a person ("sunflower field girl running", "cyberpunk city rain neon girl"):
-    the place up to its last place noun, and the person with the adjectives right before it (nouns between are
-    dropped). Only for three words or more, all in lower case, with no determiner before them, and a person as
-    the head: "baby sea turtle", "a little village boy", "street musician" and "Sunflower Field Girl" stay one
-    thing."""
+    the place phrase, nouns only and ending in a place noun, then the person with any adjectives right before it
+    (nouns between them are dropped). Only when every word is in lower case, no determiner or number comes before
+    them, and the place phrase has a noun before its place noun: "cute school girl", "old sea captain", "jungle
+    explorer girl", "beach volleyball girl", "a little village boy" and "Sunflower Field Girl" stay one person."""
     head = doc[indices[-1]]
-    before = doc[indices[0] - 1] if indices[0] > 0 else None
-    if len(indices) < 3 or _lemma(head) not in _PEOPLE or any(not doc[i].is_alpha or not doc[i].is_lower
-                                                               for i in indices):
+    if len(indices) < 3 or _lemma(head) not in PEOPLE or any(not doc[i].is_alpha or not doc[i].is_lower
+                                                              for i in indices):
         return [indices]
-    if before is not None and (before.pos_ == "DET" or before.tag_ in ("PRP$", "POS")):
-        return [indices]  # "a little village boy": written as a phrase, a compound
+    j = indices[0] - 1
+    while j >= 0 and (doc[j].like_num or doc[j].lower_ in QUANTITY_WORDS):
+        j -= 1  # "the two little farm girls"
+    if j >= 0 and (doc[j].pos_ == "DET" or doc[j].tag_ in ("PRP$", "POS")):
+        return [indices]  # written as a phrase, a compound
     places = [n for n, i in enumerate(indices[:-1]) if _lemma(doc[i]) in SCENE_HEADS and _is_head(doc[i], nominal)]
-    if not places:
+    if not places or places[-1] < 1:
         return [indices]
     cut = places[-1] + 1
+    if not all(_is_head(doc[i], nominal) for i in indices[:cut]):
+        return [indices]  # "young farm girl": an adjective makes the place words the person's
     person = [indices[-1]]
     for i in reversed(indices[cut:-1]):
         if doc[i].pos_ != "ADJ" or i + 1 != person[0]:

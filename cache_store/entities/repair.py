@@ -47,7 +47,7 @@ _SINGULAR_DETS = frozenset({"a", "an", "the", "each", "every", "one", "this", "t
 _ONLY_SINGULAR_DETS = _SINGULAR_DETS - {"the"}
 _POSSESSOR_TAGS = frozenset({"POS", "PRP$"})
 _OBJECT_DETS = frozenset({"a", "an", "his", "her", "its", "their"})
-_OBJECT_WORDS = _OBJECT_DETS | {"him", "them", "it", "me", "us"}
+_OBJECT_WORDS = _OBJECT_DETS | {"him", "them"}
 # Verbs a prompt gives as a command to the camera or the viewer: a sentence opening with one is an imperative.
 IMPERATIVE_VERBS = frozenset({
     "fly", "move", "go", "rise", "run", "travel", "glide", "soar", "swoop", "drift", "float", "push", "pull",
@@ -89,15 +89,15 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
 
 
 def _nouns_after_decades(doc: "Doc", words: WordClasses) -> set[int]:
-    """A noun the tagger read as an adjective after a decade, ending its phrase ("The red fifties convertible at an
-    old gas station", sm: NNS JJ): a decade describes the thing after it."""
+    """A noun the tagger read as an adjective after a decade, ending its phrase within the sentence ("The red
+    fifties convertible at an old gas station", sm: NNS JJ): a decade describes the thing after it."""
     out: set[int] = set()
     if not words:
         return out
     for tok in doc[1:]:
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
         if tok.tag_ == "JJ" and tok.lower_ in words.nouns and a_decade(doc[tok.i - 1].lower_) \
-                and (nxt is None or nxt.pos_ not in _HEAD_POS):
+                and nxt is not None and nxt.pos_ not in _HEAD_POS:  # "classic 1960s italian" at the end: a look
             out.add(tok.i)
     return out
 
@@ -219,12 +219,14 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
             continue
         noun_prev = not prev.is_stop and (prev.tag_ in ("NN", "NNP", "NNS")
                                           or (prev.tag_ == "JJ" and prev.lower_ in words.nouns))
-        # "a red dragon's fire engulfs him" (sm: NN): an -s word the tables know only as a verb
-        verb_only = tok.tag_ == "NN" and tok.lower_ not in words.nouns and not _a_nouns_plural(tok.lower_, words)
+        # "a red dragon's fire engulfs him", "the wave engulfs them" (sm: NN, NNP): an -s word the tables know only
+        # as a verb, which takes any determiner after it ("a dragon's breath engulfs the village")
+        verb_only = (tok.tag_ == "NN" or (tok.tag_ == "NNP" and tok.is_lower)) and tok.lower_ not in words.nouns \
+            and not _a_nouns_plural(tok.lower_, words)
         if (tok.tag_ not in ("NNS", "VBZ") and not verb_only) or not tok.lower_.endswith("s") or not noun_prev:
             continue
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
-        if nxt is not None and nxt.lower_ in _OBJECT_WORDS:
+        if nxt is not None and (nxt.lower_ in _OBJECT_WORDS or (verb_only and nxt.pos_ == "DET")):
             # "... in a long coat lights a cigarette", "a trench coat and fedora lights a cigarette" (sm: fedora
             # NNS): a plural noun never takes a determiner or an object pronoun after it.
             out.add(tok.i)

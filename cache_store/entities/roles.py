@@ -34,7 +34,7 @@ GENERIC_PEOPLE = frozenset({
     "person", "people", "man", "men", "woman", "women", "boy", "girl", "child", "children", "kid", "guy", "lady",
     "someone", "somebody", "individual", "human", "adult", "teenager", "teen", "couple", "figure", "crowd",
 })
-_PEOPLE = GENERIC_PEOPLE | PERSON_ROLES
+PEOPLE = GENERIC_PEOPLE | PERSON_ROLES  # a person, named generically or by a role
 _SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass"})
 # "a cup on the left of a plate": both objects are what the picture is about.
 _POSITION_WORDS = frozenset({"left", "right", "top", "bottom", "front", "side", "middle", "center", "centre",
@@ -112,11 +112,11 @@ def _named_person(tok: "Token") -> bool:
 
 def _ridden_by_a_person(verb: "Token") -> bool:
     """Whether a ride verb's rider, its subject or the noun it describes, is a person: a name without an article or
-    a person word (`_PEOPLE`, a role of one word or two)."""
+    a person word (`PEOPLE`, a role of one word or two)."""
     riders = [c for c in verb.children if c.dep_ in ("nsubj", "compound")]
     if verb.dep_ in ("acl", "relcl"):
         riders.append(verb.head)
-    return any(_a_name(r) or _a_role(r, _PEOPLE) for r in riders)
+    return any(_a_name(r) or _a_role(r, PEOPLE) for r in riders)
 
 
 def _a_name(tok: "Token") -> bool:
@@ -243,5 +243,5 @@ def _move_ends(doc: "Doc", where: dict[int, int], kinds: Sequence[str], roles: l
         break
 
 
-__all__ = ["MAIN", "SCENE", "SECONDARY", "ROLES", "BORROWABLE", "GENERIC_PEOPLE", "focus_tokens", "activity",
+__all__ = ["MAIN", "SCENE", "SECONDARY", "ROLES", "BORROWABLE", "GENERIC_PEOPLE", "PEOPLE", "focus_tokens", "activity",
            "roles_for"]

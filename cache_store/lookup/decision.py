@@ -61,6 +61,9 @@ FEATURES = ("main_sim", "scene_sim", "cross_sim", "secondary_sim", "context_sim"
             "primary_best", "donor_primary_best", "missing_x_length", "scene_primary", "scene_backdrop",
             "subjects_differ", "scene_unanswered", "generic_unanswered", "donor_prompt_best")
 PROMPT_FEATURES = frozenset({"donor_prompt_best"})  # need the donor's prompt vector
+# Read from the donor's first-named main subject: the store reads a donor's entities in entity-id order, not its
+# prompt's, so a model the store runs must give these no weight (bench.fit_decision never ships one that does).
+DONOR_ORDER_FEATURES = frozenset({"donor_primary_missing", "donor_primary_best"})
 
 
 @dataclass(frozen=True)
@@ -262,5 +265,6 @@ def side_of(entities: Sequence[Any], roles: Sequence[str], vectors: Any, prompt:
     return Side(tuple(entities), tuple(roles), array.reshape(len(entities), -1) if len(entities) else array, whole)
 
 
-__all__ = ["CONTEXT_WEIGHT", "DecisionModel", "FEATURES", "PROMPT_FEATURES", "SETTING_ENTITIES", "SUBJECT_SIM",
-           "Side", "default_decision", "features", "setting_shared", "shared_outright", "side_of", "subject_shared"]
+__all__ = ["CONTEXT_WEIGHT", "DecisionModel", "DONOR_ORDER_FEATURES", "FEATURES", "PROMPT_FEATURES",
+           "SETTING_ENTITIES", "SUBJECT_SIM", "Side", "default_decision", "features", "setting_shared",
+           "shared_outright", "side_of", "subject_shared"]
