@@ -572,7 +572,8 @@ def test_a_casual_run_on_of_a_place_and_a_person_is_read_as_both(extractor):
     # words, a thing or title case stays one entity (the review's counterexamples)
     for prompt, text in (("a little village boy with a kite", "little village boy"),
                          ("the two little farm girls playing", "little farm girl"),
-                         ("cute school girl", "cute school girl"), ("old sea captain smoking a pipe", "old sea captain"),
+                         ("cute school girl", "cute school girl"),
+                         ("old sea captain smoking a pipe", "old sea captain"),
                          ("young farm girl feeding chickens", "young farm girl"),
                          ("jungle explorer girl", "jungle explorer girl"),
                          ("1girl, beach volleyball girl, bikini", "beach volleyball girl"),

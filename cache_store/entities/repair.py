@@ -23,6 +23,11 @@
   follows. A word prompts use as a command ("fly over the city", "show a cat") stays a verb.
 - **A plural noun** the tagger read as a verb's -s form when no verb has that form ("horse chestnuts falling";
   `_plurals_taken_for_verbs`).
+- **Looks after their thing**: a lower-case word the tables know only as an adjective, tagged as a noun right after
+  a noun, is never a head ("little robot lost in junkyard sad"; `_trailing_looks`). **A decade's noun**: a known noun
+  tagged JJ right after a decade, its phrase going on, is the noun ("The red fifties convertible at a gas station";
+  `_nouns_after_decades`). **A verb before its object**: an -s word the tables know only as a verb, after a noun,
+  before "him", "them" or a determiner, is a verb ("a red dragon's fire engulfs him").
 - **A noun before its participle** read as an adjective before a noun ("a goldfish swimming in a glass bowl", sm:
   JJ NN) or before a participle tagged right ("A fisherman standing", JJ VBG): the first word is the noun, the -ing
   word a verb (`_nouns_before_participles`). A hyphenated adjective ("knee-deep") is no noun, whatever its
