@@ -46,7 +46,7 @@ from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WORDS, ING_NOUNS, LEMMA_EXCEPTIONS,
                       LANDMARK_HEADS, LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS,
                       QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, a_decade, named_kinds)
-from .roles import GENERIC_PEOPLE, MAIN, PEOPLE, ROLES, SCENE, SECONDARY, activity, roles_for
+from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
 from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
 from .stop_entities import StopEntities
@@ -184,7 +184,7 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
     raw = _chunk_candidates(doc, nominal) + _run_candidates(doc, nominal)
     cleaned = [_clean(doc, indices, nominal) for indices in raw]
     merged: dict[str, tuple[Entity, int]] = {}
-    for indices in (part for span in _outermost(cleaned) for part in _split_run_on(doc, span, nominal)):
+    for indices in _outermost(cleaned):
         made = _make_entity(doc, indices, nominal, strip_heads, words)
         if made is None:
             continue
@@ -196,35 +196,6 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
             merged[entity.text] = made
     # Order of first mention: dict insertion order follows the candidates' sorted starts.
     return list(merged.values())
-
-
-def _split_run_on(doc: "Doc", indices: tuple[int, ...], nominal: Repairs) -> list[tuple[int, ...]]:
-    """A casual run-on of a place and a person ("sunflower field girl running", "cyberpunk city rain neon girl"):
-    the place phrase, nouns only and ending in a place noun, then the person with any adjectives right before it
-    (nouns between them are dropped). Only when every word is in lower case, no determiner or number comes before
-    them, and the place phrase has a noun before its place noun: "cute school girl", "old sea captain", "jungle
-    explorer girl", "beach volleyball girl", "a little village boy" and "Sunflower Field Girl" stay one person."""
-    head = doc[indices[-1]]
-    if len(indices) < 3 or _lemma(head) not in PEOPLE or any(not doc[i].is_alpha or not doc[i].is_lower
-                                                              for i in indices):
-        return [indices]
-    j = indices[0] - 1
-    while j >= 0 and (doc[j].like_num or doc[j].lower_ in QUANTITY_WORDS):
-        j -= 1  # "the two little farm girls"
-    if j >= 0 and (doc[j].pos_ == "DET" or doc[j].tag_ in ("PRP$", "POS")):
-        return [indices]  # written as a phrase, a compound
-    places = [n for n, i in enumerate(indices[:-1]) if _lemma(doc[i]) in SCENE_HEADS and _is_head(doc[i], nominal)]
-    if not places or places[-1] < 1:
-        return [indices]
-    cut = places[-1] + 1
-    if not all(_is_head(doc[i], nominal) for i in indices[:cut]):
-        return [indices]  # "young farm girl": an adjective makes the place words the person's
-    person = [indices[-1]]
-    for i in reversed(indices[cut:-1]):
-        if doc[i].pos_ != "ADJ" or i + 1 != person[0]:
-            break
-        person.insert(0, i)
-    return [indices[:cut], tuple(person)]
 
 
 def _adjective_alone(text: str, words: WordClasses) -> bool:

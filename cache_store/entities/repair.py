@@ -24,10 +24,10 @@
 - **A plural noun** the tagger read as a verb's -s form when no verb has that form ("horse chestnuts falling";
   `_plurals_taken_for_verbs`).
 - **Looks after their thing**: a lower-case word the tables know only as an adjective, tagged as a noun right after
-  a noun, is never a head ("little robot lost in junkyard sad"; `_trailing_looks`). **A decade's noun**: a known noun
-  tagged JJ right after a decade, its phrase going on, is the noun ("The red fifties convertible at a gas station";
-  `_nouns_after_decades`). **A verb before its object**: an -s word the tables know only as a verb, after a noun,
-  before "him", "them" or a determiner, is a verb ("a red dragon's fire engulfs him").
+  a noun, is never a head ("little robot lost in junkyard sad"; `_trailing_looks`). **A decade's noun**: a known
+  noun tagged JJ right after a decade, before a preposition or a verb, is the noun ("The red fifties convertible at
+  a gas station"; `_nouns_after_decades`). **A verb before its object**: an -s word the tables know only as a verb,
+  after a noun, before "him", "them" or a determiner, is a verb ("a red dragon's fire engulfs him").
 - **A noun before its participle** read as an adjective before a noun ("a goldfish swimming in a glass bowl", sm:
   JJ NN) or before a participle tagged right ("A fisherman standing", JJ VBG): the first word is the noun, the -ing
   word a verb (`_nouns_before_participles`). A hyphenated adjective ("knee-deep") is no noun, whatever its
@@ -94,15 +94,16 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
 
 
 def _nouns_after_decades(doc: "Doc", words: WordClasses) -> set[int]:
-    """A noun the tagger read as an adjective after a decade, ending its phrase within the sentence ("The red
-    fifties convertible at an old gas station", sm: NNS JJ): a decade describes the thing after it."""
+    """A noun the tagger read as an adjective after a decade, before a preposition or a verb ("The red fifties
+    convertible at an old gas station", sm: NNS JJ): a decade describes the thing after it."""
     out: set[int] = set()
     if not words:
         return out
     for tok in doc[1:]:
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+        # a preposition or a verb must go on ("1990s british, a punk girl", "1960s classic and elegant": looks)
         if tok.tag_ == "JJ" and tok.lower_ in words.nouns and a_decade(doc[tok.i - 1].lower_) \
-                and nxt is not None and nxt.pos_ not in _HEAD_POS:  # "classic 1960s italian" at the end: a look
+                and nxt is not None and nxt.pos_ in ("ADP", "VERB", "AUX"):
             out.add(tok.i)
     return out
 
