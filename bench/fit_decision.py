@@ -307,7 +307,7 @@ def columns(names: tuple[str, ...] | str | None) -> list[int]:
 
 def store_can_run(names: tuple[str, ...] | str | None) -> bool:
     """Whether the store reads a feature set as the fit does: no whole-prompt similarity or mention windows, and no
-    feature of the donor's first-named main subject (the store reads a donor's entities in entity-id order)."""
+    feature of the donor's first-named main subject (the store reads an older entry's entities in entity-id order)."""
     from comfyui_chai.cache_store.lookup.decision import DONOR_ORDER_FEATURES, FEATURES
 
     if names in ("prompt", "windows"):

@@ -84,6 +84,8 @@ def test_the_model_file_loads_and_bad_files_are_refused():
         DecisionModel({"colour": 1.0}, 0.0, 0.5)
     with pytest.raises(ValueError, match="malformed"):
         DecisionModel.from_json({"bias": 0.0})
+    with pytest.raises(ValueError, match="first-named main subject"):
+        DecisionModel({"main_sim": 1.0, "donor_primary_best": 0.5}, 0.0, 0.5)
     assert DecisionModel({"main_sim": 4.0}, -2.0, 0.5).probability({"main_sim": 1.0}) > 0.5 > \
         DecisionModel({"main_sim": 4.0}, -2.0, 0.5).probability({"main_sim": 0.2})
 

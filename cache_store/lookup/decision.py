@@ -27,7 +27,8 @@ what the two prompts share, from the entities and vectors the store already keep
   scene_primary  the request's first-named scene is matched by a donor scene (in prose, later places are
                  backdrops); scene_backdrop: main_missing and not scene_primary; subjects_differ: main_missing
                  and donor_main_missing (each side shows a main subject the other lacks). The request's order
-                 only: the store reads a donor's entities in entity-id order, not in its prompt's
+                 only: an entry written before the eighteenth pass keeps no order of its entities
+                 (`mention_order`), so the store reads them in entity-id order, not in its prompt's
   scene_unanswered  the request names a scene and the donor none; generic_unanswered: that, with the best pair
                  a generically named person (a girl borrowing from another girl somewhere else)
   donor_prompt_best  best similarity of a request entity to the donor's whole prompt (its vector embedded when
@@ -61,8 +62,10 @@ FEATURES = ("main_sim", "scene_sim", "cross_sim", "secondary_sim", "context_sim"
             "primary_best", "donor_primary_best", "missing_x_length", "scene_primary", "scene_backdrop",
             "subjects_differ", "scene_unanswered", "generic_unanswered", "donor_prompt_best")
 PROMPT_FEATURES = frozenset({"donor_prompt_best"})  # need the donor's prompt vector
-# Read from the donor's first-named main subject: the store reads a donor's entities in entity-id order, not its
-# prompt's, so a model the store runs must give these no weight (bench.fit_decision never ships one that does).
+# Read from the donor's first-named main subject, which an entry written before the eighteenth pass does not keep
+# (`mention_order`; the store then reads its entities in entity-id order): a model the store runs must give these no
+# weight (bench.fit_decision never ships one that does). The subject rule reads them; there an older entry's
+# id order only makes the rule fire less or more often than the fit saw.
 DONOR_ORDER_FEATURES = frozenset({"donor_primary_missing", "donor_primary_best"})
 
 
@@ -205,6 +208,11 @@ class DecisionModel:
             raise ValueError(f"decision model: threshold must lie in [0, 1], got {self.threshold!r}")
         if self.fallback is not None and self.fallback.reads_prompt:
             raise ValueError("decision model: the fallback must not read the donor's prompt vector")
+        ordered = sorted(name for name, w in self.weights.items() if w and name in DONOR_ORDER_FEATURES)
+        if ordered:
+            raise ValueError(f"decision model: {ordered} read the donor's first-named main subject, which the store "
+                             "cannot know for entries written without their order (it reads those in entity-id order); "
+                             "refit without them")
 
     @property
     def reads_prompt(self) -> bool:

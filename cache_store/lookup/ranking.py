@@ -1,6 +1,7 @@
 """Lookup ranking over the manifest's postings, and the reasons a lookup missed."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
@@ -8,7 +9,7 @@ import numpy as np
 
 from ..entities.roles import SCENE
 from ..types import EmbeddedEntities, Match, shape_key
-from . import prompt_vector
+from . import mention_order, prompt_vector
 from .decision import features, side_of
 from .rule import HitRule, IdentityFilter, SceneKeys, matched_role
 
@@ -192,17 +193,24 @@ def same_prompt_first(manifest: Any, prompt: str, candidates: list[int]) -> list
 
 
 def donor_side(manifest: Any, entry_id: int, dim: int, embedder: str | None = None) -> Any:
-    """A stored entry's entities, roles and vectors, as the decision reads them (`decision.Side`), with its prompt
-    vector when `embedder` is given and the entry keeps one of that embedder."""
+    """A stored entry's entities, roles and vectors, as the decision reads them (`decision.Side`), in its prompt's
+    order when the entry keeps it (`mention_order`), with its prompt vector when `embedder` is given and the entry
+    keeps one of that embedder."""
     rows = manifest.query("SELECT e.text, e.kind, e.head, e.core, e.vector, p.role FROM postings p JOIN entities e "
                           "ON e.id = p.entity_id WHERE p.entry_id = ? ORDER BY e.id", (entry_id,))
     rows = [r for r in rows if r[4] is not None and len(bytes(r[4])) == 4 * dim]
+    meta = manifest.query("SELECT meta FROM entries WHERE id = ?", (entry_id,))
+    meta = meta[0][0] if meta else None
+    if isinstance(meta, (str, bytes)):
+        try:
+            meta = json.loads(meta)  # once, for both readers
+        except ValueError:
+            meta = None
+    # the prompt's order, not the ids' (rows are shared by text): the subject rule reads the first-named main subject
+    rows = [rows[i] for i in mention_order.in_mention_order([r[0] for r in rows], mention_order.order_of(meta))]
     ents = [StoredEntity(text, kind, stored_head(head, text), core) for text, kind, head, core, _, _ in rows]
     vectors = [np.frombuffer(bytes(r[4]), dtype=np.float32) for r in rows]
-    prompt = None
-    if embedder is not None:
-        meta = manifest.query("SELECT meta FROM entries WHERE id = ?", (entry_id,))
-        prompt = prompt_vector.decoded(meta[0][0], embedder, dim) if meta else None
+    prompt = prompt_vector.decoded(meta, embedder, dim) if embedder is not None and meta is not None else None
     return side_of(ents, [r[5] for r in rows], np.stack(vectors) if vectors else np.zeros((0, dim), np.float32),
                    prompt)
 
