@@ -9,9 +9,10 @@ other writers) keeps id order, as before.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from .prompt_vector import as_mapping
 
 KEY = "entity_order"
 
@@ -26,12 +27,8 @@ def with_order(meta: Mapping[str, Any] | None, texts: Sequence[str]) -> dict[str
 def order_of(meta: Any) -> list[str] | None:
     """The entity texts in mention order of an entry's metadata (a JSON text or a mapping), or None when it is
     absent or damaged: the lookup then keeps id order, never fails."""
-    if isinstance(meta, (str, bytes)):
-        try:
-            meta = json.loads(meta)
-        except ValueError:
-            return None
-    value = meta.get(KEY) if isinstance(meta, Mapping) else None
+    meta = as_mapping(meta)
+    value = meta.get(KEY) if meta is not None else None
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
         return None
     return value

@@ -34,15 +34,21 @@ def with_prompt_vector(meta: Mapping[str, Any] | None, vector: Any, embedder: st
     return out
 
 
-def decoded(meta: Any, embedder: str, dim: int) -> np.ndarray | None:
-    """The unit prompt vector in an entry's metadata (a JSON text or a mapping), or None when it is absent, of
-    another embedder or dimension, or damaged: a lookup then decides without it, never fails."""
+def as_mapping(meta: Any) -> Mapping[str, Any] | None:
+    """An entry's metadata as a mapping (from a JSON text or a mapping), or None when it is neither or damaged."""
     if isinstance(meta, (str, bytes)):
         try:
             meta = json.loads(meta)
         except ValueError:
             return None
-    value = meta.get(KEY) if isinstance(meta, Mapping) else None
+    return meta if isinstance(meta, Mapping) else None
+
+
+def decoded(meta: Any, embedder: str, dim: int) -> np.ndarray | None:
+    """The unit prompt vector in an entry's metadata (a JSON text or a mapping), or None when it is absent, of
+    another embedder or dimension, or damaged: a lookup then decides without it, never fails."""
+    meta = as_mapping(meta)
+    value = meta.get(KEY) if meta is not None else None
     if not isinstance(value, Mapping) or value.get("embedder") != embedder or not isinstance(value.get("f16"), str):
         return None
     try:
@@ -65,4 +71,4 @@ def as_stored(vector: Any) -> np.ndarray | None:
     return decoded(with_prompt_vector(None, array, "-"), "-", len(array))
 
 
-__all__ = ["KEY", "as_stored", "decoded", "encoded", "with_prompt_vector"]
+__all__ = ["KEY", "as_mapping", "as_stored", "decoded", "encoded", "with_prompt_vector"]

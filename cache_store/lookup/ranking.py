@@ -1,7 +1,6 @@
 """Lookup ranking over the manifest's postings, and the reasons a lookup missed."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
@@ -200,12 +199,7 @@ def donor_side(manifest: Any, entry_id: int, dim: int, embedder: str | None = No
                           "ON e.id = p.entity_id WHERE p.entry_id = ? ORDER BY e.id", (entry_id,))
     rows = [r for r in rows if r[4] is not None and len(bytes(r[4])) == 4 * dim]
     meta = manifest.query("SELECT meta FROM entries WHERE id = ?", (entry_id,))
-    meta = meta[0][0] if meta else None
-    if isinstance(meta, (str, bytes)):
-        try:
-            meta = json.loads(meta)  # once, for both readers
-        except ValueError:
-            meta = None
+    meta = prompt_vector.as_mapping(meta[0][0]) if meta else None  # parsed once, for both readers
     # the prompt's order, not the ids' (rows are shared by text): the subject rule reads the first-named main subject
     rows = [rows[i] for i in mention_order.in_mention_order([r[0] for r in rows], mention_order.order_of(meta))]
     ents = [StoredEntity(text, kind, stored_head(head, text), core) for text, kind, head, core, _, _ in rows]
