@@ -6,6 +6,7 @@ from typing import Any, Mapping, Sequence
 from . import latents as lat
 from .arguments import check_prompt
 from .errors import CacheError, EntryTooLargeError, InvalidEntryError
+from .lookup.mention_order import with_order
 from .naming import encodable_text
 from .types import EmbeddedEntities
 from .validate import EntryRecord, check_record
@@ -27,6 +28,7 @@ def prepare_entry(prompt: str, entities: EmbeddedEntities, fingerprint: str, lat
     if not tensors:
         raise InvalidEntryError("an entry needs at least one latent tensor")
     rows = [(_storable(e.text), e.kind, e.role, _storable(e.head), _storable(e.core)) for e in entities.entities]
+    meta = with_order(meta, [r[0] for r in rows])  # the manifest's postings keep no order; the lookup reads this
     record = check_record(encodable_text(check_prompt(prompt)), rows,
                           entities.vectors, entities.embedder, fingerprint, tensors, sigmas, shape, meta)
     payload = {"prompt": record.prompt, "fingerprint": record.fingerprint, "shape": list(record.shape),

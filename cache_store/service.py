@@ -13,7 +13,7 @@ from . import arguments as args
 from .backend import CacheBackend
 from .config import DEFAULT_SERVER_TIMEOUT_S, StoreConfig
 from .errors import CacheError, CacheUnavailableError, CacheWriteError, ManifestError
-from .lookup import mention_order, prompt_vector
+from .lookup import prompt_vector
 from .lookup.rule import HitRule
 from .lookup.stored_vectors import with_stored
 from .naming import cache_dir, encodable_text
@@ -149,8 +149,6 @@ class ChaiCache:
         sigmas, shape, meta = args.check_sigmas(sigmas), args.check_optional_shape(shape), args.check_meta(meta)
         t0 = time.perf_counter()
         meta = self._with_prompt_vector(prompt, entities, meta)
-        if len(entities):
-            meta = mention_order.with_order(meta, [e.text for e in entities.entities])
         try:
             result = self.store.insert(prompt, entities, fingerprint, latents, sigmas, shape=shape, meta=meta)
         except NothingToStoreError as exc:

@@ -225,11 +225,13 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
             continue
         noun_prev = not prev.is_stop and (prev.tag_ in ("NN", "NNP", "NNS")
                                           or (prev.tag_ == "JJ" and prev.lower_ in words.nouns))
+        if not tok.lower_.endswith("s") or not noun_prev:
+            continue
         # "a red dragon's fire engulfs him", "the wave engulfs them" (sm: NN, NNP): an -s word the tables know only
         # as a verb, which takes any determiner after it ("a dragon's breath engulfs the village")
         verb_only = (tok.tag_ == "NN" or (tok.tag_ == "NNP" and tok.is_lower)) and tok.lower_ not in words.nouns \
             and not _a_nouns_plural(tok.lower_, words)
-        if (tok.tag_ not in ("NNS", "VBZ") and not verb_only) or not tok.lower_.endswith("s") or not noun_prev:
+        if tok.tag_ not in ("NNS", "VBZ") and not verb_only:
             continue
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
         if nxt is not None and (nxt.lower_ in _OBJECT_WORDS or (verb_only and nxt.pos_ == "DET")):

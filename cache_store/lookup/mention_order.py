@@ -3,9 +3,9 @@
 The hit decision's subject rule (`decision.subject_shared`) asks for each prompt's first-named main subject. The
 store reads a donor's entities by entity id, and entity rows are shared by text across entries, so id order is the
 order in which texts were first written to the cache ("a cat chasing a dog" after an entry about a dog lists the
-dog first). The write keeps the entry's entity texts in mention order in its JSON metadata (`entries.meta`, and
-the latent file's header), beside the prompt vector: no on-disk format change. An entry without it (older packs,
-other writers) keeps id order, as before.
+dog first). Every insert keeps the entry's entity texts in mention order in its JSON metadata (`prepare_entry`:
+`entries.meta` on both backends, and the latent file's header), beside the prompt vector: no on-disk format
+change. An entry without it (written by an older pack) keeps id order, as before.
 """
 from __future__ import annotations
 
