@@ -569,3 +569,26 @@ def test_a_persons_compound_with_a_place_word_stays_one_entity(extractor):
                          ("cute school girl", "cute school girl"), ("sunflower field girl running", "sunflower field girl"),
                          ("baby sea turtles going to the ocean", "baby sea turtle")):
         assert text in roles(extractor, prompt), prompt
+
+
+def test_a_part_owned_by_a_pronoun_leaves_the_main_role_to_the_subject_named_before(extractor):
+    got = roles(extractor, "a small dragonfly resting on a reed by a pond, its wings shimmering")
+    assert got["small dragonfly"] == "main" and got["wing"] == "secondary"
+    got = roles(extractor, "A fluffy white rabbit sits in a dewy meadow at dawn, its ears twitching")
+    assert got["fluffy white rabbit"] == "main" and got["ear"] == "secondary"
+    # an owner named as a noun still takes the role from its part ("the eyes of a black cat")
+    assert roles(extractor, "the eyes of a black cat glowing in the dark")["black cat"] == "main"
+
+
+def test_a_noun_the_tagger_read_as_a_preposition_is_a_noun(extractor):
+    # sm tags "trout" IN: "rainbow" alone was the main subject, a rainbow over the river
+    assert roles(extractor, "a rainbow trout swimming upstream in a clear river") == {
+        "rainbow trout": "main", "clear river": "scene"}
+    # real prepositions stay prepositions, whatever the tables say of them
+    assert roles(extractor, "a catfish swimming beneath the ice") == {"catfish": "main", "ice": "scene"}
+
+
+def test_a_product_shot_and_a_mood_are_no_subjects(extractor):
+    # "shot" read as a verb left "product" the subject of "white sneker spinning product shot"
+    assert roles(extractor, "white sneker spinning product shot white backround") == {"white sneaker": "main"}
+    assert roles(extractor, "waves crashin on rocks super chill") == {"wave": "main", "rock": "secondary"}

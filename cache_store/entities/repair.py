@@ -24,7 +24,9 @@
 - **A plural noun** the tagger read as a verb's -s form when no verb has that form ("horse chestnuts falling";
   `_plurals_taken_for_verbs`).
 - **Looks after their thing**: a lower-case word the tables know only as an adjective, tagged as a noun right after
-  a noun, is never a head ("little robot lost in junkyard sad"; `_trailing_looks`). **A decade's noun**: a known
+  a noun, is never a head ("little robot lost in junkyard sad"; `_trailing_looks`). **A noun taken for a
+  preposition**: a word tagged IN that the tables know only as a noun is one ("a rainbow trout swimming upstream";
+  `_nouns_taken_for_prepositions`). **A decade's noun**: a known
   noun tagged JJ right after a decade, before a preposition or a verb, is the noun ("The red fifties convertible at
   a gas station"; `_nouns_after_decades`). **A verb before its object**: an -s word the tables know only as a verb,
   after a noun, before "him", "them" or a determiner, is a verb ("a red dragon's fire engulfs him").
@@ -89,8 +91,16 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     doers, doing = _nouns_before_participles(doc, words)
     verbal |= doing
     return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers
-                    | _plurals_taken_for_verbs(doc, words) | _nouns_after_decades(doc, words)) - verbal, verbal,
+                    | _plurals_taken_for_verbs(doc, words) | _nouns_after_decades(doc, words)
+                    | _nouns_taken_for_prepositions(doc, words)) - verbal, verbal,
                    _trailing_looks(doc, words))
+
+
+def _nouns_taken_for_prepositions(doc: "Doc", words: WordClasses) -> set[int]:
+    """A word tagged as a preposition that the tables know only as a noun ("a rainbow trout swimming upstream", sm:
+    trout IN): prepositions are a closed class, all of them stop words or adverbs in the tables."""
+    return {tok.i for tok in doc if tok.tag_ == "IN" and tok.is_alpha and not tok.is_stop and tok.lower_ in words.nouns
+            and tok.lower_ not in words.adverbs and not words.is_adjective(tok.lower_)}
 
 
 def _nouns_after_decades(doc: "Doc", words: WordClasses) -> set[int]:

@@ -200,12 +200,18 @@ def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[st
 
 
 def _owners(doc: "Doc", where: dict[int, int], kinds: Sequence[str], roles: list[str]) -> None:
-    """A main part with an owner ("the eyes of a black cat", "the tiger's eye") hands its role to the owner."""
+    """A main part with an owner ("the eyes of a black cat", "the tiger's eye") hands its role to the owner; one owned
+    by a pronoun ("his short legs") leaves it to the subject named before."""
     for head, k in where.items():
         tok = doc[head]
         if roles[k] != MAIN or tok.lemma_.lower() not in PART_NOUNS:
             continue
         owner = next((c.i for c in tok.children if c.dep_ == "poss"), None)
+        if owner is not None and doc[owner].tag_ == "PRP$":
+            # "his short legs sinking into the snow": the owner was named before; the part is not the subject
+            if any(r == MAIN for j, r in enumerate(roles) if j != k):
+                roles[k] = SECONDARY
+            continue
         if owner is None:
             prep = next((c for c in tok.children if c.dep_ == "prep" and c.lower_ == "of"), None)
             owner = next((c.i for c in prep.children if c.dep_ == "pobj"), None) if prep is not None else None
