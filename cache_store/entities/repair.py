@@ -25,8 +25,8 @@
   `_plurals_taken_for_verbs`).
 - **Looks after their thing**: a lower-case word the tables know only as an adjective, tagged as a noun right after
   a noun, is never a head ("little robot lost in junkyard sad"; `_trailing_looks`). **A noun taken for a
-  preposition**: a word tagged IN that the tables know only as a noun is one ("a rainbow trout swimming upstream";
-  `_nouns_taken_for_prepositions`). **A decade's noun**: a known
+  preposition**: a word of four letters or more tagged IN, right after a noun or an adjective, that the tables know
+  only as a noun is one ("a rainbow trout swimming upstream"; `_nouns_taken_for_prepositions`). **A decade's noun**: a known
   noun tagged JJ right after a decade, before a preposition or a verb, is the noun ("The red fifties convertible at
   a gas station"; `_nouns_after_decades`). **A verb before its object**: an -s word the tables know only as a verb,
   after a noun, before "him", "them" or a determiner, is a verb ("a red dragon's fire engulfs him").
@@ -65,6 +65,11 @@ IMPERATIVE_VERBS = frozenset({
     "dance", "swim", "jump", "sit", "stand", "play", "sing", "ride", "drive", "race", "explore", "hide", "escape",
     "wander", "roam", "dive", "surf", "skate", "ski", "hike", "sail", "row", "paddle", "fight", "chase", "hunt",
 })
+# Prepositions and casual conjunctions the noun table also holds ("a dog running despite the rain", "till dawn",
+# "crying on the street cause he lost his balloon"), and "zen", a mood the tagger reads as one ("koi pond petals
+# zen"); words of under four letters ("w", "cos", "al", "de") are never repaired.
+_PREPOSITION_NOUNS = frozenset({"despite", "till", "save", "barring", "versus", "pending", "notwithstanding", "than",
+                                "cause", "midst", "pace", "post", "times", "bout", "upside", "feat", "zen"})
 _OPENING_TAGS = frozenset({"VB", "VBP", "VBZ", "VBN", "VBD", "JJ", "RB", "NNP"})
 _VERB_POS = frozenset({"VERB", "AUX"})
 _FINITE_TAGS = frozenset({"VBZ", "VBP", "VBD", "MD"})
@@ -97,10 +102,12 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
 
 
 def _nouns_taken_for_prepositions(doc: "Doc", words: WordClasses) -> set[int]:
-    """A word tagged as a preposition that the tables know only as a noun ("a rainbow trout swimming upstream", sm:
-    trout IN): prepositions are a closed class, all of them stop words or adverbs in the tables."""
-    return {tok.i for tok in doc if tok.tag_ == "IN" and tok.is_alpha and not tok.is_stop and tok.lower_ in words.nouns
-            and tok.lower_ not in words.adverbs and not words.is_adjective(tok.lower_)}
+    """A word tagged as a preposition that the tables know only as a noun, right after a noun or an adjective ("a
+    rainbow trout swimming upstream", sm: trout IN): prepositions are a closed class, and the few the noun table
+    holds that are no stop words or adverbs are listed (`_PREPOSITION_NOUNS`)."""
+    return {tok.i for tok in doc[1:] if tok.tag_ == "IN" and tok.is_alpha and len(tok.text) >= 4 and not tok.is_stop
+            and tok.lower_ in words.nouns and tok.lower_ not in _PREPOSITION_NOUNS and tok.lower_ not in words.adverbs
+            and not words.is_adjective(tok.lower_) and doc[tok.i - 1].pos_ in ("NOUN", "PROPN", "ADJ")}
 
 
 def _nouns_after_decades(doc: "Doc", words: WordClasses) -> set[int]:

@@ -47,14 +47,20 @@ _MOUNT_PREPOSITIONS = frozenset({"on", "upon", "astride", "atop"})
 
 
 def focus_tokens(doc: "Doc") -> set[int]:
-    """Token indices of the first sentence's subject: root noun or subject of the root, their conjuncts and
-    appositions, and the object of "of" after a root that is no entity (a template such as "close-up of")."""
+    """Token indices of the first sentence's subject: root noun (unless a clause with its own subject comes before
+    it) or subject of the root, their conjuncts and appositions, and the object of "of" after a root that is no
+    entity (a template such as "close-up of")."""
     sent = next(iter(doc.sents), None) if doc.has_annotation("DEP") else None
     if sent is None:
         return set()
     root = sent.root
     focus: set[int] = set()
-    if root.pos_ in ("NOUN", "PROPN"):
+    # "Mika ... pedals her bicycle through a city, neon signs reflecting in the puddles" (sm: root "signs", the clause
+    # before it a ccomp): a noun after a clause that has its own subject is a trailing fragment, not the subject.
+    # ("While the city sleeps, a black cat prowling across a rooftop": an adverbial clause leaves the root its role)
+    clause_first = any(c.i < root.i and c.dep_ in ("ccomp", "parataxis") and c.pos_ in ("VERB", "AUX")
+                       and any(g.dep_ in _SUBJECT_DEPS for g in c.children) for c in root.children)
+    if root.pos_ in ("NOUN", "PROPN") and not clause_first:
         focus.add(root.i)
     for tok in sent:
         if tok.dep_ in _SUBJECT_DEPS and tok.head.i == root.i:
@@ -202,14 +208,19 @@ def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[st
 def _owners(doc: "Doc", where: dict[int, int], kinds: Sequence[str], roles: list[str]) -> None:
     """A main part with an owner ("the eyes of a black cat", "the tiger's eye") hands its role to the owner; one owned
     by a pronoun ("his short legs") leaves it to the subject named before."""
+    heads = {k: h for h, k in where.items()}
     for head, k in where.items():
         tok = doc[head]
         if roles[k] != MAIN or tok.lemma_.lower() not in PART_NOUNS:
             continue
         owner = next((c.i for c in tok.children if c.dep_ == "poss"), None)
         if owner is not None and doc[owner].tag_ == "PRP$":
-            # "his short legs sinking into the snow": the owner was named before; the part is not the subject
-            if any(r == MAIN for j, r in enumerate(roles) if j != k):
+            # "his short legs sinking into the snow": the owner is a main subject named before, no part itself
+            # ("close-up of her face, a single tear rolling down" keeps the face), a person or a name for "his" and
+            # "her" ("Soft morning light, her eyes slowly open" keeps the eyes)
+            personal = doc[owner].lower_ in ("his", "her")
+            if any(roles[j] == MAIN and doc[heads[j]].lemma_.lower() not in PART_NOUNS
+                   and (not personal or _could_be_his_or_hers(doc, heads[j])) for j in range(k)):
                 roles[k] = SECONDARY
             continue
         if owner is None:
@@ -221,6 +232,20 @@ def _owners(doc: "Doc", where: dict[int, int], kinds: Sequence[str], roles: list
         j = where.get(owner) if owner is not None else None
         if j is not None and kinds[j] == "object":
             roles[j], roles[k] = MAIN, SECONDARY
+
+
+def _could_be_his_or_hers(doc: "Doc", head: int) -> bool:
+    """Whether a main subject can be the "his" or "her" of a later part: a person, a name ("Waffles the corgi"), or
+    the subject of a verb ("The knight raises his sword"), not a light or a stuff a prompt opens on."""
+    tok = doc[head]
+    if tok.lemma_.lower() in PEOPLE or tok.lower_ in PEOPLE or tok.dep_ in _SUBJECT_DEPS:
+        return True
+    i = head
+    while i >= 0 and doc[i].pos_ in ("PROPN", "NOUN", "ADJ", "DET"):
+        if doc[i].pos_ == "PROPN" and doc[i].text[:1].isupper():
+            return True
+        i -= 1
+    return False
 
 
 _MOVE_TARGETS = frozenset({"to", "toward", "towards", "into", "onto"})

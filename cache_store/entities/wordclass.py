@@ -153,6 +153,9 @@ def _vowel_swaps(w: str) -> set[str]:
 
 
 _BY_PIPELINE: dict[int, tuple[Any, WordClasses]] = {}
+# Prepositions and conjunctions spaCy's stop list lacks: never typos ("amid" is no "amide", "whilst" no "whist").
+FUNCTION_WORDS = frozenset({"amid", "amidst", "whilst", "atop", "unto", "betwixt", "alongside", "underneath",
+                            "versus", "midst", "tho", "thru", "cuz"})
 
 
 def word_classes(nlp: "Language", protected: frozenset[str] = frozenset()) -> WordClasses:
@@ -162,7 +165,7 @@ def word_classes(nlp: "Language", protected: frozenset[str] = frozenset()) -> Wo
         return seen[1]
     # Function words ("beside", "upon", "toward") are in no lemmatizer table; they are never typos of a noun
     # ("beside" is not "bedside").
-    stop_words = frozenset(getattr(getattr(nlp, "Defaults", None), "stop_words", ()) or ())
+    stop_words = frozenset(getattr(getattr(nlp, "Defaults", None), "stop_words", ()) or ()) | FUNCTION_WORDS
     lexicon = protected - stop_words
     protected = protected | stop_words
     classes = WordClasses(protected=protected, lexicon=lexicon)
