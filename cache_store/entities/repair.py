@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .lexicon import a_decade
-from .wordclass import WordClasses
+from .wordclass import FUNCTION_WORDS, WordClasses
 
 if TYPE_CHECKING:
     from spacy.tokens import Doc, Span, Token
@@ -65,11 +65,10 @@ IMPERATIVE_VERBS = frozenset({
     "dance", "swim", "jump", "sit", "stand", "play", "sing", "ride", "drive", "race", "explore", "hide", "escape",
     "wander", "roam", "dive", "surf", "skate", "ski", "hike", "sail", "row", "paddle", "fight", "chase", "hunt",
 })
-# Prepositions and casual conjunctions the noun table also holds ("a dog running despite the rain", "till dawn",
-# "crying on the street cause he lost his balloon"), and "zen", a mood the tagger reads as one ("koi pond petals
-# zen"); words of under four letters ("w", "cos", "al", "de") are never repaired.
-_PREPOSITION_NOUNS = frozenset({"despite", "till", "save", "barring", "versus", "pending", "notwithstanding", "than",
-                                "cause", "midst", "pace", "post", "times", "bout", "upside", "feat", "zen"})
+# Nouns the tagger reads as prepositions in their other uses ("save for", "pace", "two times"), and "zen", a mood it
+# reads as one ("koi pond petals zen"); true prepositions are `wordclass.FUNCTION_WORDS` ("despite the rain", "till
+# dawn"), and words of under four letters ("w", "cos", "al", "de") are never repaired.
+_PREPOSITION_NOUNS = FUNCTION_WORDS | {"save", "pace", "post", "times", "bout", "upside", "feat", "zen"}
 _OPENING_TAGS = frozenset({"VB", "VBP", "VBZ", "VBN", "VBD", "JJ", "RB", "NNP"})
 _VERB_POS = frozenset({"VERB", "AUX"})
 _FINITE_TAGS = frozenset({"VBZ", "VBP", "VBD", "MD"})
@@ -104,10 +103,10 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
 def _nouns_taken_for_prepositions(doc: "Doc", words: WordClasses) -> set[int]:
     """A word tagged as a preposition that the tables know only as a noun, right after a noun or an adjective ("a
     rainbow trout swimming upstream", sm: trout IN): prepositions are a closed class, and the few the noun table
-    holds that are no stop words or adverbs are listed (`_PREPOSITION_NOUNS`)."""
+    holds that are no stop words or adverbs are listed (`wordclass.FUNCTION_WORDS`, `_PREPOSITION_NOUNS`)."""
     return {tok.i for tok in doc[1:] if tok.tag_ == "IN" and tok.is_alpha and len(tok.text) >= 4 and not tok.is_stop
-            and tok.lower_ in words.nouns and tok.lower_ not in _PREPOSITION_NOUNS and tok.lower_ not in words.adverbs
-            and not words.is_adjective(tok.lower_) and doc[tok.i - 1].pos_ in ("NOUN", "PROPN", "ADJ")}
+            and tok.lower_ in words.nouns and tok.lower_ not in _PREPOSITION_NOUNS
+            and tok.lower_ not in words.adverbs and not words.is_adjective(tok.lower_) and doc[tok.i - 1].pos_ in ("NOUN", "PROPN", "ADJ")}
 
 
 def _nouns_after_decades(doc: "Doc", words: WordClasses) -> set[int]:

@@ -238,11 +238,11 @@ def _could_be_his_or_hers(doc: "Doc", head: int) -> bool:
     """Whether a main subject can be the "his" or "her" of a later part: a person, a name ("Waffles the corgi"), or
     the subject of a verb ("The knight raises his sword"), not a light or a stuff a prompt opens on."""
     tok = doc[head]
-    if tok.lemma_.lower() in PEOPLE or tok.lower_ in PEOPLE or tok.dep_ in _SUBJECT_DEPS:
+    if _a_role(tok, PEOPLE) or tok.dep_ in _SUBJECT_DEPS:
         return True
     i = head
-    while i >= 0 and doc[i].pos_ in ("PROPN", "NOUN", "ADJ", "DET"):
-        if doc[i].pos_ == "PROPN" and doc[i].text[:1].isupper():
+    while i >= 0 and doc[i].pos_ in ("PROPN", "NOUN", "ADJ", "DET"):  # the phrase it ends ("Waffles the corgi")
+        if _a_name(doc[i]):
             return True
         i -= 1
     return False

@@ -153,9 +153,11 @@ def _vowel_swaps(w: str) -> set[str]:
 
 
 _BY_PIPELINE: dict[int, tuple[Any, WordClasses]] = {}
-# Prepositions and conjunctions spaCy's stop list lacks: never typos ("amid" is no "amide", "whilst" no "whist").
+# Prepositions and conjunctions spaCy's stop list lacks: never typos ("amid" is no "amide", "whilst" no "whist"), never
+# nouns the tagger took for prepositions (`repair`; "despite", "till" and "cause" are in the noun table).
 FUNCTION_WORDS = frozenset({"amid", "amidst", "whilst", "atop", "unto", "betwixt", "alongside", "underneath",
-                            "versus", "midst", "tho", "thru", "cuz"})
+                            "versus", "midst", "tho", "thru", "cuz", "despite", "till", "barring", "pending",
+                            "notwithstanding", "cause"})
 
 
 def word_classes(nlp: "Language", protected: frozenset[str] = frozenset()) -> WordClasses:
