@@ -227,16 +227,34 @@ def _is_participle(doc: "Doc", i: int, nominal: Repairs) -> bool:
 
 
 def _split(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[list[int]]:
-    """Break a candidate at punctuation (not a glue hyphen), conjunctions and participles after a noun."""
+    """Break a candidate at punctuation (not a glue hyphen), conjunctions and participles after a noun, and between
+    a place and the time or weather after it."""
     parts: list[list[int]] = [[]]
     for i in indices:
         tok = doc[i]
         if ((tok.is_punct and not is_glue_hyphen(doc, i)) or tok.pos_ == "CCONJ" or i in nominal.verbal
                 or _is_participle(doc, i, nominal)):
             parts.append([])
+        elif _time_after_place(doc, i, parts[-1]):
+            parts.append([i])
         else:
             parts[-1].append(i)
     return [p for p in parts if p]
+
+
+# Conditions a casual prompt writes after its place ("beach sunset", "kitchen late night", "dark ocean fog"); "spring"
+# and "hour" also end compounds that name other things ("mountain spring", "rush hour").
+_TIME_AFTER_PLACE = CONDITION_HEADS - {"spring", "hour"}
+
+
+def _time_after_place(doc: "Doc", i: int, part: list[int]) -> bool:
+    """Whether token i is a time, season or weather noun right after a place noun of the same candidate: the place
+    and its condition are two entities ("dog on beach sunset" -> "beach", "sunset")."""
+    if not part or part[-1] != i - 1 or doc[i].pos_ not in ("NOUN", "PROPN"):
+        return False
+    prev = doc[i - 1]
+    return doc[i].lemma_.lower() in _TIME_AFTER_PLACE and prev.pos_ in ("NOUN", "PROPN") \
+        and prev.lemma_.lower() in SCENE_HEADS
 
 
 def _chunk_candidates(doc: "Doc", nominal: Repairs) -> list[list[int]]:
@@ -326,9 +344,15 @@ def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:
 
 def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_heads: frozenset[str],
                  words: WordClasses = WordClasses()) -> tuple[Entity, int] | None:
-    # "desert scene" -> "desert": a template head gives way to the noun that modifies it.
-    while len(indices) > 1 and _lemma(doc[indices[-1]]) in strip_heads and _is_head(doc[indices[-2]], nominal):
-        indices = indices[:-1]
+    # "desert scene" -> "desert": a template head gives way to the noun that modifies it, past the looks a casual
+    # prompt puts between them ("windowsill sunny cozy" -> "windowsill").
+    while len(indices) > 1 and _lemma(doc[indices[-1]]) in strip_heads:
+        k = len(indices) - 2
+        while k > 0 and words.is_adjective(doc[indices[k]].lower_) and doc[indices[k]].lower_ not in words.nouns:
+            k -= 1
+        if not _is_head(doc[indices[k]], nominal):
+            break
+        indices = indices[:k + 1]
     head_tok = doc[indices[-1]]
     nxt = doc[head_tok.i + 1] if head_tok.i + 1 < len(doc) else None
     head_lemma = _lemma(head_tok)

@@ -89,6 +89,8 @@ SCENE_HEADS = frozenset({
     "paddy", "riverside", "backstreet", "storefront", "penthouse", "loft", "apartment", "cabin", "cottage",
     "chalet", "farmhouse", "villa", "manor", "fortress", "citadel", "ruin", "lakeshore", "waterway", "dungeon",
     "catacomb", "sanctuary", "plantation",
+    # a setting a tag list names by its adverb ("underwater, coral reef, tropical fish")
+    "underwater",
     *PLURAL_PLACES,
 })
 # Multi-word places whose head alone would say "object" (a jail cell, a phone booth, a golf course).
@@ -208,7 +210,7 @@ def named_kinds(words: list[str]) -> dict[str, int]:
 # ("deep sea" / "dark ocean", "field" / "meadow", "jungle" / "rainforest"; the rubric's "pine forest" / "dense
 # forest"). Rooms, buildings and named places keep the similarity test.
 _SCENE_KINDS = {
-    "sea": ("sea", "ocean", "lagoon", "bay", "cove", "inlet", "fjord", "estuary", "reef", "atoll"),
+    "sea": ("sea", "ocean", "lagoon", "bay", "cove", "inlet", "fjord", "estuary", "reef", "atoll", "underwater"),
     "coast": ("beach", "shore", "shoreline", "seashore", "seaside", "coast", "coastline"),
     "harbour": ("harbor", "harbour", "marina", "port", "seaport", "pier", "dock", "waterfront", "boardwalk"),
     "freshwater": ("lake", "pond", "lakeside", "lakeshore"),

@@ -88,7 +88,9 @@ class Repairs:
 
 def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     """The repaired nouns and verbs of a parsed prompt."""
-    verbal = _verbs_taken_for_nouns(doc, words)
+    after = _verbs_after_plurals(doc, words)
+    verbal = _verbs_taken_for_nouns(doc, words, frozenset(after))
+    verbal |= {v for v in after if v - 1 not in verbal}  # "Olav hauls cod onto his boat": "cod" is no verb
     # The subject of a repaired verb is a noun even where the tagger said adjective ("convertible kicks").
     subjects = {v - 1 for v in verbal if doc[v - 1].tag_ == "JJ" and (doc[v - 1].lower_ in words.nouns
                                                                       or doc[v - 1].text[:1].isupper())}
@@ -222,7 +224,9 @@ def _bases(word: str) -> list[str]:
     return out
 
 
-def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
+def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses, verbs: frozenset[int] = frozenset()) -> set[int]:
+    """Verbs the tagger took for nouns (the module docstring); `verbs` are verbs already repaired elsewhere, which
+    give a sentence its verb ("Seagulls circle above the fishing boats": "boats" is the plural)."""
     out: set[int] = set()
     if not words:
         return out
@@ -265,10 +269,12 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses) -> set[int]:
                 and doc[j - 1].tag_ != "NNS":
             j -= 1  # "a sleek high-speed train glides", "a cherry red 1959 convertible", "a white-and-orange sneaker"
         det = doc[j - 1] if j > sent.start else None
-        if det is None or (nxt is not None and nxt.pos_ in _HEAD_POS):
+        if det is None:
+            continue
+        if nxt is not None and nxt.pos_ in _HEAD_POS and not _object_follows(doc, tok, sent, words):
             continue
         only_singular = det.lower_ in _ONLY_SINGULAR_DETS or det.tag_ in _POSSESSOR_TAGS
-        if not only_singular and (det.lower_ not in _SINGULAR_DETS or _has_finite_verb(sent, tok)):
+        if not only_singular and (det.lower_ not in _SINGULAR_DETS or _has_finite_verb(sent, tok, also=verbs)):
             continue  # "the dog toys lie on the floor": the sentence has its verb
         out.add(tok.i)
     return out
@@ -323,12 +329,61 @@ def _named_subject_acts(doc: "Doc", tok: "Token", words: WordClasses) -> bool:
     return any(t.lower_ in _PERSON_PRONOUNS for t in doc[tok.i + 1:end])
 
 
-def _has_finite_verb(sent: "Span", tok: "Token") -> bool:
+def _object_follows(doc: "Doc", tok: "Token", sent: "Span", words: WordClasses) -> bool:
+    """Whether the nouns after an -s word read as its object rather than the rest of a compound ("The bearded
+    fisherman drinks coffee from a tin cup", "a grandmother in a knitted cardigan rolls dough on a table"): the
+    sentence has no other finite verb, the word before it is no adjective ("red sports car"), and the nouns end
+    where a preposition, a comma or the sentence does."""
+    if _has_finite_verb(sent, tok, subordinate=False) or words.is_adjective(doc[tok.i - 1].lower_):
+        return False
+    j = tok.i + 1
+    while j < sent.end and (doc[j].pos_ in _HEAD_POS or doc[j].pos_ == "ADJ"):
+        j += 1
+    return j == sent.end or doc[j].tag_ in ("IN", ",", ".", "CC", ":")
+
+
+def _verbs_after_plurals(doc: "Doc", words: WordClasses) -> set[int]:
+    """A verb's base form tagged as a noun right after a plural noun that opens its clause, before a preposition,
+    an adverb or the end of the clause, in a sentence with no other finite verb ("Northern lights ripple over the
+    harbor", "Seagulls perch on the wet posts"): the plural is the subject, the word its verb. A plural after "a"
+    or inside a prepositional phrase is a modifier ("a sports ball", "at the airport arrivals gate")."""
+    out: set[int] = set()
+    if not words:
+        return out
+    for tok in doc[1:]:
+        prev, word = doc[tok.i - 1], tok.lower_
+        if tok.tag_ not in ("NN", "NNP") or not tok.is_alpha or word.endswith("s") or word not in words.verbs:
+            continue
+        if prev.tag_ != "NNS" or not _a_nouns_plural(prev.lower_, words):
+            continue
+        nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
+        if nxt is not None and nxt.tag_ not in ("IN", "RB", "RP", ",", ".", "CC", ":"):
+            continue
+        sent = tok.sent if doc.has_annotation("DEP") else doc[:]
+        k = prev.i
+        while k > sent.start and (doc[k - 1].pos_ in ("ADJ", "NOUN", "PROPN", "NUM") or doc[k - 1].tag_ == "HYPH"):
+            k -= 1
+        before = doc[k - 1] if k > sent.start else None
+        if before is not None and before.pos_ == "DET":
+            if before.lower_ in _ONLY_SINGULAR_DETS:
+                continue
+            before = doc[before.i - 1] if before.i > sent.start else None
+        if before is not None and before.tag_ == "IN" or _has_finite_verb(sent, tok):
+            continue
+        out.add(tok.i)
+    return out
+
+
+def _has_finite_verb(sent: "Span", tok: "Token", subordinate: bool = True, also: frozenset[int] = frozenset()) -> bool:
     """Whether the sentence has a verb other than `tok` that can be its main verb: a finite one (VBZ, VBP, VBD,
-    MD) that `tok` does not govern. A participle does not count ("A red fox trots through the snow, its fur
-    standing out"), nor a verb `tok` governs ("A surfer paddles out and catches a wave")."""
+    MD), or one of `also` (verbs repaired from nouns), that `tok` does not govern. A participle does not count ("A
+    red fox trots through the snow, its fur standing out"), nor a verb `tok` governs ("A surfer paddles out and
+    catches a wave"), nor with `subordinate` False the verb of a clause opened by a marker ("as it hides in the
+    sand")."""
     for t in sent:
-        if t.i == tok.i or t.pos_ not in _VERB_POS or t.tag_ not in _FINITE_TAGS:
+        if t.i == tok.i or (t.i not in also and (t.pos_ not in _VERB_POS or t.tag_ not in _FINITE_TAGS)):
+            continue
+        if not subordinate and any(c.dep_ == "mark" for c in t.children):
             continue
         if not tok.is_ancestor(t):
             return True

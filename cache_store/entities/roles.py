@@ -36,6 +36,7 @@ GENERIC_PEOPLE = frozenset({
 })
 PEOPLE = GENERIC_PEOPLE | PERSON_ROLES  # a person, named generically or by a role
 _SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass"})
+_FINITE_TAGS = frozenset({"VBZ", "VBP", "VBD"})
 # "a cup on the left of a plate": both objects are what the picture is about.
 _POSITION_WORDS = frozenset({"left", "right", "top", "bottom", "front", "side", "middle", "center", "centre",
                              "back", "next"})
@@ -197,6 +198,13 @@ def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[st
         roles[0] = MAIN  # prompts name their subject first ("A fisherman hauling nets onto a boat ...")
     elif MAIN not in roles and not any(h in focus for h in heads):
         first = next((i for i, k in enumerate(kinds) if k == "object"), None)
+        if first is not None:
+            roles[first] = MAIN
+    elif MAIN not in roles and sent is not None:
+        # "A dense pine forest on a foggy autumn morning, where a majestic red deer stag steps out": a prompt that
+        # opens with its setting names its subject as the subject of the clause that follows.
+        first = next((k for k, h in enumerate(heads) if kinds[k] == "object" and sent.start <= h < sent.end
+                      and doc[h].dep_ in _SUBJECT_DEPS and doc[h].head.tag_ in _FINITE_TAGS), None)
         if first is not None:
             roles[first] = MAIN
     where = {h: k for k, h in enumerate(heads)}  # entity index by head token

@@ -82,10 +82,12 @@ def normalise_tags(text: str) -> str:
             rest.append(part.replace("_", " "))
     at = next((k for k, tag in enumerate(rest) if _role_tag(tag)), None) if subjects else None
     if at is not None:
-        # "1girl, red hair, astronaut": what the person is, in the subject's sentence ("a girl, an astronaut").
+        # "1girl, red hair, astronaut": the subject is what the person is ("an astronaut"); the count tag's generic
+        # person follows it as a detail, so two tag lists of girls doing other things share no main subject.
         role = " ".join(rest.pop(at).lower().split())
         article = "" if not subjects[-1].startswith(("a ", "an ")) else ("an " if role[0] in "aeiou" else "a ")
-        subjects[-1] = f"{subjects[-1]}, {article}{role}"
+        rest.insert(0, subjects[-1])
+        subjects[-1] = f"{article}{role}"
     # One sentence a tag: the first sentence names the main subject, the others are secondary or scenes.
     return ". ".join(subjects + rest)
 
