@@ -242,17 +242,20 @@ def _split(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[list[in
     return [p for p in parts if p]
 
 
-# Conditions a casual prompt writes after its place ("beach sunset", "kitchen late night", "dark ocean fog"); "spring"
-# and "hour" also end compounds that name other things ("mountain spring", "rush hour").
-_TIME_AFTER_PLACE = CONDITION_HEADS - {"spring", "hour"}
+# Conditions a casual prompt writes after its place ("beach sunset", "dark ocean fog"); "spring", "hour" and "day"
+# also end compounds that name other things ("mountain spring", "rush hour", "field day").
+_TIME_AFTER_PLACE = CONDITION_HEADS - {"spring", "hour", "day"}
 
 
 def _time_after_place(doc: "Doc", i: int, part: list[int]) -> bool:
-    """Whether token i is a time, season or weather noun right after a place noun of the same candidate: the place
-    and its condition are two entities ("dog on beach sunset" -> "beach", "sunset")."""
+    """Whether token i is a time, season or weather noun right after a place noun of the same candidate, and the
+    candidate's last noun: the place and its condition are two entities ("dog on beach sunset" -> "beach", "sunset";
+    not "a beach sunset painting", "a city snow globe")."""
     if not part or part[-1] != i - 1 or doc[i].pos_ not in ("NOUN", "PROPN"):
         return False
-    prev = doc[i - 1]
+    prev, nxt = doc[i - 1], doc[i + 1] if i + 1 < len(doc) else None
+    if nxt is not None and nxt.pos_ in ("NOUN", "PROPN"):
+        return False
     return doc[i].lemma_.lower() in _TIME_AFTER_PLACE and prev.pos_ in ("NOUN", "PROPN") \
         and prev.lemma_.lower() in SCENE_HEADS
 
@@ -344,11 +347,12 @@ def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:
 
 def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_heads: frozenset[str],
                  words: WordClasses = WordClasses()) -> tuple[Entity, int] | None:
-    # "desert scene" -> "desert": a template head gives way to the noun that modifies it, past the looks a casual
-    # prompt puts between them ("windowsill sunny cozy" -> "windowsill").
+    # "desert scene" -> "desert": a template head gives way to the noun that modifies it, past the looks, colours
+    # and times a casual prompt puts between them ("windowsill sunny cozy" -> "windowsill", "rich autumn colors" ->
+    # nothing).
     while len(indices) > 1 and _lemma(doc[indices[-1]]) in strip_heads:
         k = len(indices) - 2
-        while k > 0 and words.is_adjective(doc[indices[k]].lower_) and doc[indices[k]].lower_ not in words.nouns:
+        while k > 0 and _a_look_between(doc[indices[k]], words):
             k -= 1
         if not _is_head(doc[indices[k]], nominal):
             break
@@ -383,6 +387,16 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
         text = f"{text} {doing}" if doing else text
         core = text
     return Entity(text=text, kind=kind, head=head, core=core if core != head else ""), head_tok.i
+
+
+_LOOK_NOUNS = COLOUR_WORDS | CONDITION_HEADS | {"neon", "pastel"}
+
+
+def _a_look_between(tok: "Token", words: WordClasses) -> bool:
+    """An adjective, a colour or a time between a thing and a mood or template word that gives way to it."""
+    word = tok.lower_
+    return tok.pos_ == "ADJ" or word in _LOOK_NOUNS or tok.lemma_.lower() in _LOOK_NOUNS \
+        or (words.is_adjective(word) and word not in words.nouns)
 
 
 def _names_a_role(doc: "Doc", modifiers: tuple[int, ...], words: WordClasses) -> bool:

@@ -269,9 +269,7 @@ def _verbs_taken_for_nouns(doc: "Doc", words: WordClasses, verbs: frozenset[int]
                 and doc[j - 1].tag_ != "NNS":
             j -= 1  # "a sleek high-speed train glides", "a cherry red 1959 convertible", "a white-and-orange sneaker"
         det = doc[j - 1] if j > sent.start else None
-        if det is None:
-            continue
-        if nxt is not None and nxt.pos_ in _HEAD_POS and not _object_follows(doc, tok, sent, words):
+        if det is None or (nxt is not None and nxt.pos_ in _HEAD_POS):
             continue
         only_singular = det.lower_ in _ONLY_SINGULAR_DETS or det.tag_ in _POSSESSOR_TAGS
         if not only_singular and (det.lower_ not in _SINGULAR_DETS or _has_finite_verb(sent, tok, also=verbs)):
@@ -329,24 +327,16 @@ def _named_subject_acts(doc: "Doc", tok: "Token", words: WordClasses) -> bool:
     return any(t.lower_ in _PERSON_PRONOUNS for t in doc[tok.i + 1:end])
 
 
-def _object_follows(doc: "Doc", tok: "Token", sent: "Span", words: WordClasses) -> bool:
-    """Whether the nouns after an -s word read as its object rather than the rest of a compound ("The bearded
-    fisherman drinks coffee from a tin cup", "a grandmother in a knitted cardigan rolls dough on a table"): the
-    sentence has no other finite verb, the word before it is no adjective ("red sports car"), and the nouns end
-    where a preposition, a comma or the sentence does."""
-    if _has_finite_verb(sent, tok, subordinate=False) or words.is_adjective(doc[tok.i - 1].lower_):
-        return False
-    j = tok.i + 1
-    while j < sent.end and (doc[j].pos_ in _HEAD_POS or doc[j].pos_ == "ADJ"):
-        j += 1
-    return j == sent.end or doc[j].tag_ in ("IN", ",", ".", "CC", ":")
+_PATH_PREPOSITIONS = frozenset({"over", "through", "across", "above", "below", "behind", "along", "around", "past",
+                                "into", "onto", "toward", "towards", "beneath", "underneath", "between", "among",
+                                "amid", "from", "up", "down", "off"})
 
 
 def _verbs_after_plurals(doc: "Doc", words: WordClasses) -> set[int]:
-    """A verb's base form tagged as a noun right after a plural noun that opens its clause, before a preposition,
-    an adverb or the end of the clause, in a sentence with no other finite verb ("Northern lights ripple over the
-    harbor", "Seagulls perch on the wet posts"): the plural is the subject, the word its verb. A plural after "a"
-    or inside a prepositional phrase is a modifier ("a sports ball", "at the airport arrivals gate")."""
+    """A verb's base form tagged as a noun right after a plural noun that opens its clause, before an adverb or a
+    preposition of a path, in a sentence with no other finite verb ("Northern lights ripple over the harbor",
+    "spores drift through the air"): the plural is the subject, the word its verb. A plural after "a" or inside a
+    prepositional phrase is a modifier ("a sports ball", "at the airport arrivals gate")."""
     out: set[int] = set()
     if not words:
         return out
@@ -357,7 +347,9 @@ def _verbs_after_plurals(doc: "Doc", words: WordClasses) -> set[int]:
         if prev.tag_ != "NNS" or not _a_nouns_plural(prev.lower_, words):
             continue
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None
-        if nxt is not None and nxt.tag_ not in ("IN", "RB", "RP", ",", ".", "CC", ":"):
+        # a way or a manner after it, as a verb takes ("ripple over", "drift slowly"); "at", "in", "on" and "of"
+        # follow nouns as often ("the sports bar at night", "the kids room in the morning")
+        if nxt is None or not (nxt.tag_ in ("RB", "RP") or nxt.lower_ in _PATH_PREPOSITIONS):
             continue
         sent = tok.sent if doc.has_annotation("DEP") else doc[:]
         k = prev.i
@@ -374,16 +366,13 @@ def _verbs_after_plurals(doc: "Doc", words: WordClasses) -> set[int]:
     return out
 
 
-def _has_finite_verb(sent: "Span", tok: "Token", subordinate: bool = True, also: frozenset[int] = frozenset()) -> bool:
+def _has_finite_verb(sent: "Span", tok: "Token", also: frozenset[int] = frozenset()) -> bool:
     """Whether the sentence has a verb other than `tok` that can be its main verb: a finite one (VBZ, VBP, VBD,
     MD), or one of `also` (verbs repaired from nouns), that `tok` does not govern. A participle does not count ("A
     red fox trots through the snow, its fur standing out"), nor a verb `tok` governs ("A surfer paddles out and
-    catches a wave"), nor with `subordinate` False the verb of a clause opened by a marker ("as it hides in the
-    sand")."""
+    catches a wave")."""
     for t in sent:
         if t.i == tok.i or (t.i not in also and (t.pos_ not in _VERB_POS or t.tag_ not in _FINITE_TAGS)):
-            continue
-        if not subordinate and any(c.dep_ == "mark" for c in t.children):
             continue
         if not tok.is_ancestor(t):
             return True

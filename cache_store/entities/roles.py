@@ -110,6 +110,12 @@ def focus_tokens(doc: "Doc") -> set[int]:
     return focus
 
 
+def _a_counted_thing(tok: "Token") -> bool:
+    """A noun with "a" or "an", or a plural: a thing one can count, not light, steam or water ("where the light
+    filters through the trees", "where smoke rises from the chimneys")."""
+    return tok.tag_ in ("NNS", "NNPS") or any(c.dep_ == "det" and c.lower_ in ("a", "an") for c in tok.children)
+
+
 def _named_person(tok: "Token") -> bool:
     """A person named by a name without an article ("Olav"; "the Eiffel Tower" is no person) or by a role, one word
     or two ("knight", "the Queen", "police officer"); a generic person ("people") is a crowd in the background as
@@ -202,11 +208,12 @@ def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[st
             roles[first] = MAIN
     elif MAIN not in roles and sent is not None:
         # "A dense pine forest on a foggy autumn morning, where a majestic red deer stag steps out": a prompt that
-        # opens with its setting names its subject as the subject of the clause that follows.
-        first = next((k for k, h in enumerate(heads) if kinds[k] == "object" and sent.start <= h < sent.end
-                      and doc[h].dep_ in _SUBJECT_DEPS and doc[h].head.tag_ in _FINITE_TAGS), None)
-        if first is not None:
-            roles[first] = MAIN
+        # opens with its setting names its subject as the subject of the clause that follows. With two such
+        # subjects ("where waves crash and a surfer paddles out") the parse cannot tell the thing from its backdrop.
+        doers = [k for k, h in enumerate(heads) if kinds[k] == "object" and sent.start <= h < sent.end
+                 and doc[h].dep_ in _SUBJECT_DEPS and doc[h].head.tag_ in _FINITE_TAGS and _a_counted_thing(doc[h])]
+        if len(doers) == 1:
+            roles[doers[0]] = MAIN
     where = {h: k for k, h in enumerate(heads)}  # entity index by head token
     _move_ends(doc, where, kinds, roles)
     _owners(doc, where, kinds, roles)

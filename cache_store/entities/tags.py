@@ -80,7 +80,10 @@ def normalise_tags(text: str) -> str:
             subjects.append(person)
         elif tag not in drop and not tag.startswith(("score ", "by ", "artist:")):
             rest.append(part.replace("_", " "))
-    at = next((k for k, tag in enumerate(rest) if _role_tag(tag)), None) if subjects else None
+    one = bool(subjects) and subjects[-1].startswith(("a ", "an "))
+    # a plural role after "1girl" names other people ("1girl, running, zombies"); only a singular one is what she is
+    at = next((k for k, tag in enumerate(rest) if _role_tag(tag) and not (one and _plural_tag(tag))), None) \
+        if subjects else None
     if at is not None:
         # "1girl, red hair, astronaut": the subject is what the person is ("an astronaut"); the count tag's generic
         # person follows it as a detail, so two tag lists of girls doing other things share no main subject.
@@ -90,6 +93,12 @@ def normalise_tags(text: str) -> str:
         subjects[-1] = f"{article}{role}"
     # One sentence a tag: the first sentence names the main subject, the others are secondary or scenes.
     return ". ".join(subjects + rest)
+
+
+def _plural_tag(tag: str) -> bool:
+    """Whether a tag's last word reads as a plural ("zombies", "students"; not "boss", "waitress")."""
+    word = tag.lower().split()[-1] if tag.split() else ""
+    return word.endswith("s") and not word.endswith(("ss", "us", "is"))
 
 
 def _role_tag(tag: str) -> bool:
