@@ -242,9 +242,10 @@ def _split(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[list[in
     return [p for p in parts if p]
 
 
-# Conditions a casual prompt writes after its place ("beach sunset", "dark ocean fog"); "spring", "hour" and "day"
-# also end compounds that name other things ("mountain spring", "rush hour", "field day").
-_TIME_AFTER_PLACE = CONDITION_HEADS - {"spring", "hour", "day"}
+# Conditions a casual prompt writes after its place ("beach sunset", "dark ocean fog"); "spring", "hour", "day",
+# "breeze" and "wind" also end compounds that name other things ("mountain spring", "rush hour", "field day", "sea
+# breeze", "desert wind").
+_TIME_AFTER_PLACE = CONDITION_HEADS - {"spring", "hour", "day", "breeze", "wind"}
 
 
 def _time_after_place(doc: "Doc", i: int, part: list[int]) -> bool:
@@ -347,9 +348,8 @@ def _outermost(candidates: list[list[int]]) -> list[tuple[int, ...]]:
 
 def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_heads: frozenset[str],
                  words: WordClasses = WordClasses()) -> tuple[Entity, int] | None:
-    # "desert scene" -> "desert": a template head gives way to the noun that modifies it, past the looks, colours
-    # and times a casual prompt puts between them ("windowsill sunny cozy" -> "windowsill", "rich autumn colors" ->
-    # nothing).
+    # "desert scene" -> "desert": a template head gives way to the noun that modifies it, past the looks and
+    # colours a casual prompt puts between them ("windowsill sunny cozy" -> "windowsill", "neon colors" -> nothing).
     while len(indices) > 1 and _lemma(doc[indices[-1]]) in strip_heads:
         k = len(indices) - 2
         while k > 0 and _a_look_between(doc[indices[k]], words):
@@ -389,11 +389,12 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
     return Entity(text=text, kind=kind, head=head, core=core if core != head else ""), head_tok.i
 
 
-_LOOK_NOUNS = COLOUR_WORDS | CONDITION_HEADS | {"neon", "pastel"}
+_LOOK_NOUNS = COLOUR_WORDS | {"neon", "pastel"}
 
 
 def _a_look_between(tok: "Token", words: WordClasses) -> bool:
-    """An adjective, a colour or a time between a thing and a mood or template word that gives way to it."""
+    """An adjective or a colour between a thing and a mood or template word that gives way to it (a time is a head:
+    "a rainy night scene" is the rainy night)."""
     word = tok.lower_
     return tok.pos_ == "ADJ" or word in _LOOK_NOUNS or tok.lemma_.lower() in _LOOK_NOUNS \
         or (words.is_adjective(word) and word not in words.nouns)

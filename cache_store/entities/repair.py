@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .lexicon import a_decade
+from .lexicon import SCENE_HEADS, a_decade
 from .wordclass import FUNCTION_WORDS, WordClasses
 
 if TYPE_CHECKING:
@@ -327,6 +327,8 @@ def _named_subject_acts(doc: "Doc", tok: "Token", words: WordClasses) -> bool:
     return any(t.lower_ in _PERSON_PRONOUNS for t in doc[tok.i + 1:end])
 
 
+_BUILDING_NOUNS = frozenset({"bar", "center", "centre", "room", "hall", "house", "shop", "store", "court", "field",
+                             "market", "park", "pool", "lounge"})
 _PATH_PREPOSITIONS = frozenset({"over", "through", "across", "above", "below", "behind", "along", "around", "past",
                                 "into", "onto", "toward", "towards", "beneath", "underneath", "between", "among",
                                 "amid", "from", "up", "down", "off"})
@@ -344,6 +346,8 @@ def _verbs_after_plurals(doc: "Doc", words: WordClasses) -> set[int]:
         prev, word = doc[tok.i - 1], tok.lower_
         if tok.tag_ not in ("NN", "NNP") or not tok.is_alpha or word.endswith("s") or word not in words.verbs:
             continue
+        if word in SCENE_HEADS or word in _BUILDING_NOUNS:
+            continue  # "Sports bar across the street", "Kids room above the garage": a place named by its users
         if prev.tag_ != "NNS" or not _a_nouns_plural(prev.lower_, words):
             continue
         nxt = doc[tok.i + 1] if tok.i + 1 < len(doc) else None

@@ -36,7 +36,6 @@ GENERIC_PEOPLE = frozenset({
 })
 PEOPLE = GENERIC_PEOPLE | PERSON_ROLES  # a person, named generically or by a role
 _SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass"})
-_FINITE_TAGS = frozenset({"VBZ", "VBP", "VBD"})
 # "a cup on the left of a plate": both objects are what the picture is about.
 _POSITION_WORDS = frozenset({"left", "right", "top", "bottom", "front", "side", "middle", "center", "centre",
                              "back", "next"})
@@ -108,12 +107,6 @@ def focus_tokens(doc: "Doc") -> set[int]:
                 focus.add(tok.i)
                 grown = True
     return focus
-
-
-def _a_counted_thing(tok: "Token") -> bool:
-    """A noun with "a" or "an", or a plural: a thing one can count, not light, steam or water ("where the light
-    filters through the trees", "where smoke rises from the chimneys")."""
-    return tok.tag_ in ("NNS", "NNPS") or any(c.dep_ == "det" and c.lower_ in ("a", "an") for c in tok.children)
 
 
 def _named_person(tok: "Token") -> bool:
@@ -206,14 +199,6 @@ def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[st
         first = next((i for i, k in enumerate(kinds) if k == "object"), None)
         if first is not None:
             roles[first] = MAIN
-    elif MAIN not in roles and sent is not None:
-        # "A dense pine forest on a foggy autumn morning, where a majestic red deer stag steps out": a prompt that
-        # opens with its setting names its subject as the subject of the clause that follows. With two such
-        # subjects ("where waves crash and a surfer paddles out") the parse cannot tell the thing from its backdrop.
-        doers = [k for k, h in enumerate(heads) if kinds[k] == "object" and sent.start <= h < sent.end
-                 and doc[h].dep_ in _SUBJECT_DEPS and doc[h].head.tag_ in _FINITE_TAGS and _a_counted_thing(doc[h])]
-        if len(doers) == 1:
-            roles[doers[0]] = MAIN
     where = {h: k for k, h in enumerate(heads)}  # entity index by head token
     _move_ends(doc, where, kinds, roles)
     _owners(doc, where, kinds, roles)
@@ -247,6 +232,8 @@ def _owners(doc: "Doc", where: dict[int, int], kinds: Sequence[str], roles: list
         j = where.get(owner) if owner is not None else None
         if j is not None and kinds[j] == "object":
             roles[j], roles[k] = MAIN, SECONDARY
+        elif j is not None and kinds[j] == "scene":
+            roles[k] = SECONDARY  # "the face of a massive waterfall": a place's side, not a body's
 
 
 def _could_be_his_or_hers(doc: "Doc", head: int) -> bool:
