@@ -628,7 +628,7 @@ def test_a_noun_after_a_clause_with_its_own_subject_is_a_trailing_fragment(extra
 
 @pytest.mark.parametrize("prompt, expected, absent", [
     # a verb's base form after the plural that opens its clause, before a path or an adverb
-    ("Seagulls circle above the fishing boats in the harbor.", {"seagull": "main", "fishing boat": "secondary"},
+    ("The seagulls circle above the fishing boats in the harbor.", {"seagull": "main", "fishing boat": "secondary"},
      {"seagulls circle"}),
     ("Fireflies drift over the meadow at dusk", {"firefly": "main", "meadow": "scene"}, {"fireflies drift"}),
     # ... but not a plural that modifies a noun after "a", inside a prepositional phrase, or before "at", "in",
@@ -638,6 +638,8 @@ def test_a_noun_after_a_clause_with_its_own_subject_is_a_trailing_fragment(extra
     ("The sports bar at night, people watching the game", {"sports bar": "main"}, {"sport"}),
     ("the kids room in the morning sunlight", {"kids room": "scene"}, {"kid"}),
     ("masterpiece, best quality, farmers market, vegetables, crowd", {}, {"farmer"}),
+    ("Weapons cache beneath the floorboards of a barn", {"weapons cache": "main"}, {"weapon"}),
+    ("Arms deal behind closed doors", {"arms deal": "main"}, {"arm"}),
     # an -s word between two nouns stays in the compound: a product's name ("A car parts store", "a coffee beans
     # bag") reads as "subject verbs object" as well as "The old baker kneads dough" does
     ("A coffee beans bag on a rustic table", {}, {"coffee"}),
@@ -654,6 +656,7 @@ def test_underwater_is_a_setting_of_the_sea_kind(extractor):
 
     got = roles(extractor, "best quality, underwater, coral reef, clownfish, sun rays")
     assert got["underwater"] == "scene"
+    assert roles(extractor, "A diver films a manta ray underwater").get("manta ray underwater") != "scene"
     assert same_kind_of_place("underwater", "ocean") and same_kind_of_place("underwater", "reef")
 
 
@@ -719,6 +722,7 @@ def test_a_time_or_weather_after_a_place_is_an_entity_of_its_own(extractor, prom
     ("cat on windowsill sunny cozy", {"cat": "main", "windowsill": "secondary"}),
     ("cherry blossom tree pastel colors", {"cherry blossom tree": "main"}),
     ("saturated neon colors", {}),
+    ("a parrot in the jungle bright colors", {"parrot": "main", "jungle": "scene"}),
     ("a rainy night scene in Tokyo", {"rainy night": "secondary", "tokyo": "scene"}),  # a time is no look
 ])
 def test_casual_moods_give_way_to_the_thing_before_them(extractor, prompt, expected):

@@ -354,8 +354,9 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
         k = len(indices) - 2
         while k > 0 and _a_look_between(doc[indices[k]], words):
             k -= 1
-        if not _is_head(doc[indices[k]], nominal):
-            break
+        thing = doc[indices[k]]
+        if not (_is_head(thing, nominal) or (thing.lower_ in words.nouns and not words.is_adjective(thing.lower_))):
+            break  # "the jungle bright colors": sm calls "jungle" ADJ; the tables know it only as a noun
         indices = indices[:k + 1]
     head_tok = doc[indices[-1]]
     nxt = doc[head_tok.i + 1] if head_tok.i + 1 < len(doc) else None
@@ -396,8 +397,8 @@ def _a_look_between(tok: "Token", words: WordClasses) -> bool:
     """An adjective or a colour between a thing and a mood or template word that gives way to it (a time is a head:
     "a rainy night scene" is the rainy night)."""
     word = tok.lower_
-    return tok.pos_ == "ADJ" or word in _LOOK_NOUNS or tok.lemma_.lower() in _LOOK_NOUNS \
-        or (words.is_adjective(word) and word not in words.nouns)
+    return word in _LOOK_NOUNS or tok.lemma_.lower() in _LOOK_NOUNS or (word not in words.nouns and (
+        tok.pos_ == "ADJ" or words.is_adjective(word)))  # "the jungle bright colors": sm calls "jungle" ADJ
 
 
 def _names_a_role(doc: "Doc", modifiers: tuple[int, ...], words: WordClasses) -> bool:
@@ -474,8 +475,8 @@ def _lemma(tok: "Token") -> str:
 
 
 def _kind(text: str, head: str, doc: "Doc", indices: tuple[int, ...], head_tok: "Token") -> str:
-    if head in SCENE_HEADS or _is_scene_phrase(text, head):
-        return "scene"
+    if head in SCENE_HEADS or _is_scene_phrase(text, head) or text == "underwater":
+        return "scene"  # a tag list names the setting "underwater" by its adverb; "a manta ray underwater" is the ray
     prep = head_tok.head.lower_ if head_tok.dep_ == "pobj" else ""
     if prep in LOCATIVE_PREPOSITIONS and head in LOCATIVE_SCENE_HEADS:
         return "scene"

@@ -89,8 +89,6 @@ SCENE_HEADS = frozenset({
     "paddy", "riverside", "backstreet", "storefront", "penthouse", "loft", "apartment", "cabin", "cottage",
     "chalet", "farmhouse", "villa", "manor", "fortress", "citadel", "ruin", "lakeshore", "waterway", "dungeon",
     "catacomb", "sanctuary", "plantation",
-    # a setting a tag list names by its adverb ("underwater, coral reef, tropical fish")
-    "underwater",
     *PLURAL_PLACES,
 })
 # Multi-word places whose head alone would say "object" (a jail cell, a phone booth, a golf course).

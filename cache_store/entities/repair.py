@@ -338,7 +338,9 @@ def _verbs_after_plurals(doc: "Doc", words: WordClasses) -> set[int]:
     """A verb's base form tagged as a noun right after a plural noun that opens its clause, before an adverb or a
     preposition of a path, in a sentence with no other finite verb ("Northern lights ripple over the harbor",
     "spores drift through the air"): the plural is the subject, the word its verb. A plural after "a" or inside a
-    prepositional phrase is a modifier ("a sports ball", "at the airport arrivals gate")."""
+    prepositional phrase is a modifier ("a sports ball", "at the airport arrivals gate"), and so may a bare plural
+    ("Weapons cache beneath the floorboards"): the plural needs a determiner or a word before it ("Wild mustangs
+    gallop across", "The kids race across")."""
     out: set[int] = set()
     if not words:
         return out
@@ -366,6 +368,8 @@ def _verbs_after_plurals(doc: "Doc", words: WordClasses) -> set[int]:
             before = doc[before.i - 1] if before.i > sent.start else None
         if before is not None and before.tag_ == "IN" or _has_finite_verb(sent, tok):
             continue
+        if k == prev.i and (before is None or before.pos_ != "DET"):
+            continue  # a bare plural may name what the next noun is for ("Arms deal behind closed doors")
         out.add(tok.i)
     return out
 
