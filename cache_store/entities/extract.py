@@ -15,7 +15,8 @@ How a prompt becomes entities (all of it linear in the prompt length):
    after a determiner-led run ("A golden retriever" with `retriever` tagged RB by sm), and the only word
    of a one-word prompt ("campsite" tagged VB). An -ing word right after a noun is a participle, not part
    of the noun ("a dog drinking water", tagged NN by sm), unless it is a known -ing noun ("oil painting").
-3. Each span is split at punctuation and conjunctions ("an oven and scissors") and cleaned: determiners,
+3. Each span is split at punctuation and conjunctions ("an oven and scissors"), and between a place and a time
+   or weather noun that ends it ("beach sunset" -> "beach", "sunset"), and cleaned: determiners,
    numbers, quantity words ("two", "several", "a few"), adverbs, possessors ("Van Gogh's selfie" ->
    "selfie"; the possessor is its own run), emoji, URLs and words outside the Latin script (the English
    pipeline cannot analyse them) are dropped, and the span is trimmed to end at its head noun. The head
@@ -27,7 +28,8 @@ How a prompt becomes entities (all of it linear in the prompt length):
    "scene" wins over the other kinds). Different mentions of related things ("dog" and "small dog" in two
    places of the prompt) both stay.
 5. Stop entities (see `StopEntities` and data/stop_entities.txt) are removed; a `strip:` head gives way to
-   the noun before it first ("desert scene" -> "desert").
+   the noun before it first, past looks and colours ("desert scene" -> "desert", "windowsill sunny cozy" ->
+   "windowsill").
 
 Kinds: "scene" for places and settings (a head-noun lexicon, plus a few nouns such as "water" or "snow" and
 proper names that count as a setting only as the object of a locative preposition: "in the water", "in

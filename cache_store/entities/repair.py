@@ -22,7 +22,10 @@
   a noun in the tables, or in none of them ("astronot walking on mars"), and a participle, a preposition or a noun
   follows. A word prompts use as a command ("fly over the city", "show a cat") stays a verb.
 - **A plural noun** the tagger read as a verb's -s form when no verb has that form ("horse chestnuts falling";
-  `_plurals_taken_for_verbs`).
+  `_plurals_taken_for_verbs`). **A verb after a plural**: a verb's base form tagged as a noun after a plural that
+  opens its clause with a word before it, before an adverb or a path preposition, is a verb ("Northern lights
+  ripple over the harbor"; not "Sports bar across the street" or "Arms deal behind closed doors";
+  `_verbs_after_plurals`), and the sentence's verb for the -s rule above.
 - **Looks after their thing**: a lower-case word the tables know only as an adjective, tagged as a noun right after
   a noun, is never a head ("little robot lost in junkyard sad"; `_trailing_looks`). **A noun taken for a
   preposition**: a word of four letters or more tagged IN, right after a noun or an adjective, that the tables know
