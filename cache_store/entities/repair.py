@@ -111,7 +111,8 @@ def _nouns_taken_for_prepositions(doc: "Doc", words: WordClasses) -> set[int]:
     holds that are no stop words or adverbs are listed (`wordclass.FUNCTION_WORDS`, `_PREPOSITION_NOUNS`)."""
     return {tok.i for tok in doc[1:] if tok.tag_ == "IN" and tok.is_alpha and len(tok.text) >= 4 and not tok.is_stop
             and tok.lower_ in words.nouns and tok.lower_ not in _PREPOSITION_NOUNS
-            and tok.lower_ not in words.adverbs and not words.is_adjective(tok.lower_) and doc[tok.i - 1].pos_ in ("NOUN", "PROPN", "ADJ")}
+            and tok.lower_ not in words.adverbs and not words.is_adjective(tok.lower_)
+            and doc[tok.i - 1].pos_ in ("NOUN", "PROPN", "ADJ")}
 
 
 def _nouns_after_decades(doc: "Doc", words: WordClasses) -> set[int]:
@@ -330,8 +331,8 @@ def _named_subject_acts(doc: "Doc", tok: "Token", words: WordClasses) -> bool:
     return any(t.lower_ in _PERSON_PRONOUNS for t in doc[tok.i + 1:end])
 
 
-_BUILDING_NOUNS = frozenset({"bar", "center", "centre", "room", "hall", "house", "shop", "store", "court", "field",
-                             "market", "park", "pool", "lounge"})
+# Places named by their users that `lexicon.SCENE_HEADS` leaves out ("Sports bar across the street").
+_BUILDING_NOUNS = frozenset({"bar", "center", "centre", "court"})
 _PATH_PREPOSITIONS = frozenset({"over", "through", "across", "above", "below", "behind", "along", "around", "past",
                                 "into", "onto", "toward", "towards", "beneath", "underneath", "between", "among",
                                 "amid", "from", "up", "down", "off"})

@@ -88,7 +88,7 @@ def normalise_tags(text: str) -> str:
         # "1girl, red hair, astronaut": the subject is what the person is ("an astronaut"); the count tag's generic
         # person follows it as a detail, so two tag lists of girls doing other things share no main subject.
         role = " ".join(rest.pop(at).lower().split())
-        article = "" if not subjects[-1].startswith(("a ", "an ")) else ("an " if role[0] in "aeiou" else "a ")
+        article = ("an " if role[0] in "aeiou" else "a ") if one else ""
         rest.insert(0, subjects[-1])
         subjects[-1] = f"{article}{role}"
     # One sentence a tag: the first sentence names the main subject, the others are secondary or scenes.
