@@ -15,16 +15,25 @@ request entity matches a donor entity as the rule requires. Rules:
     python -m bench.bench_hit_precision --thresholds 0.6,0.7,0.8 --split calib
     python -m bench.bench_hit_precision --labels style --thresholds 0.65 --by-style   # the issue-25 set, per style
     python -m bench.bench_hit_precision --labels fresh --thresholds 0.65 --by-style --through-store  # the sealed set
+    python -m bench.bench_hit_precision --data FOLDER --thresholds 0.65 --misses   # any labelled folder, and why
+                                                                                   # the pack missed its label-2 pairs
+
+`--misses` (through ChaiCache) sorts the label-2 pairs the pack misses by why: a prompt in another language, a donor
+of another scene (the scene rule: the quality lab measured such restarts worse than the miss), the learned
+decision, or never proposed (no main subject or scene matched as the rule requires). Its last column is the recall
+over the label-2 pairs the scene rule lets through.
 """
 from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
+from pathlib import Path
 
 
 from bench._common import table
-from bench.hit_labels import DATA, FRESH_DATA, STYLE_DATA, Pair, agreement, decide_through_store, embed_all, \
-    load_pairs, score
+from bench.hit_labels import ANOTHER_SCENE, DATA, FRESH_DATA, MISS_CLASSES, STYLE_DATA, Pair, agreement, \
+    embed_all, load_pairs, look_up_through_store, miss_class, score
 
 THRESHOLDS = (0.6, 0.65, 0.7, 0.75, 0.8)
 
@@ -86,9 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--by-style", action="store_true", help="one row per style (source) instead of per split")
     ap.add_argument("--through-store", action="store_true",
                     help="also score each pair through ChaiCache itself (a fresh cache holding only its donor)")
+    ap.add_argument("--misses", action="store_true",
+                    help="through ChaiCache, why the pack missed each label-2 pair (implies --through-store)")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="a folder of labelled pairs (pairs.jsonl, labels_a/b/c*.jsonl, provenance.jsonl optional) "
+                         "instead of --labels (which it overrides)")
     args = ap.parse_args(argv)
-    data = {"style": STYLE_DATA, "fresh": FRESH_DATA}.get(args.labels, DATA)
+    data = args.data or {"style": STYLE_DATA, "fresh": FRESH_DATA}.get(args.labels, DATA)
+    if not (data / "pairs.jsonl").is_file():
+        ap.error(f"{data} holds no pairs.jsonl")
+    args.through_store = args.through_store or args.misses
     pairs = load_pairs(data)
+    blank = [p.id for p in pairs if not p.request.strip() or not p.donor.strip()]
+    if blank:
+        ap.error(f"{data}: pairs with an empty prompt cannot be looked up: {', '.join(blank[:10])}")
     n, exact, main = agreement(data)
     print(f"{len(pairs)} labelled pairs; labellers A/B agree exactly on {exact:.1%} of {n}, on 'main or not' "
           f"on {main:.1%}; labels 0/1/2: {[sum(p.label == k for p in pairs) for k in (0, 1, 2)]}")
@@ -104,17 +124,34 @@ def main(argv: list[str] | None = None) -> int:
                 s = score([p for p in pairs if (p.source if args.by_style else p.split) == split], accepts)
                 rows.append([name, f"{thr:.2f}", split, s.pairs, s.accepted, f"{s.precision_main:.3f}",
                              f"{s.precision_any:.3f}", f"{s.recall:.3f}"])
+    misses = []
     if args.through_store:
         for thr in [float(t) for t in args.thresholds.split(",")]:
-            decided = decide_through_store(pairs, thr)  # each pair once, whatever its groups
-            for group in [*groups, "all"]:
-                s = score([p for p in pairs if group == "all" or (p.source if args.by_style else p.split) == group],
-                          lambda p: decided[p.id])
+            looked = look_up_through_store(pairs, thr)  # each pair once, whatever its groups
+            for group in dict.fromkeys([*groups, "all"]):  # a folder without provenance is one group, "all"
+                members = [p for p in pairs if group == "all" or (p.source if args.by_style else p.split) == group]
+                s = score(members, lambda p: looked[p.id][0])
                 rows.append(["ChaiCache (the pack itself)", f"{thr:.2f}", group, s.pairs, s.accepted,
                              f"{s.precision_main:.3f}", f"{s.precision_any:.3f}", f"{s.recall:.3f}"])
+                misses.append(miss_row(members, looked, thr, group))
     print(table(["rule", "thr", "style" if args.by_style else "split", "pairs", "accepted", "prec. main",
                  "prec. any", "recall (2)"], rows))
+    if args.misses:
+        print("\nThe label-2 pairs ChaiCache missed, by why (recall without the scene rule's refusals: hits over the "
+              "label-2 pairs less those of another scene):")
+        print(table(["thr", "style" if args.by_style else "split", "label 2", "hit", *MISS_CLASSES, "recall",
+                     "recall, scene rule's refusals left out"], misses))
     return 0
+
+
+def miss_row(members: list[Pair], looked: dict[str, tuple[bool, str]], threshold: float, group: str) -> list:
+    """One row of the misses table: label-2 pairs, hits, misses per class, recall, recall less another scene."""
+    main = [p for p in members if p.label == 2]
+    hits = sum(looked[p.id][0] for p in main)
+    counts = Counter(miss_class(p, looked[p.id][1]) for p in main if not looked[p.id][0])
+    allowed = len(main) - counts[ANOTHER_SCENE]
+    return [f"{threshold:.2f}", group, len(main), hits, *(counts[c] for c in MISS_CLASSES),
+            f"{hits / len(main):.3f}" if main else "nan", f"{hits / allowed:.3f}" if allowed else "nan"]
 
 
 if __name__ == "__main__":

@@ -387,13 +387,45 @@ def setting_rule(t: Table, floor: float) -> np.ndarray:
 def loso(t: Table, cols: list[int], floor: float) -> list[tuple[str, int, int, float, float, float, float]]:
     """Per held-out style: (style, pairs, accepted, precision main, precision any, recall, threshold)."""
     out = []
+    accepted, thresholds = loso_accepted(t, cols, floor)
+    for style in sorted(set(t.styles)):
+        held = t.styles == style
+        pm, pa, rec, n = rates(accepted[held], t.labels[held])
+        out.append((style, int(held.sum()), n, pm, pa, rec, thresholds[style]))
+    return out
+
+
+def loso_accepted(t: Table, cols: list[int], floor: float) -> tuple[np.ndarray, dict[str, float]]:
+    """Per pair, whether the decision fitted on the other styles accepts it; and each held-out style's threshold."""
     rule = setting_rule(t, floor)
+    accepted = np.zeros(len(t.labels), bool)
+    thresholds: dict[str, float] = {}
     for style in sorted(set(t.styles)):
         held = t.styles == style
         _, _, thr, prob = fit_and_threshold(t, ~held, cols, floor)
-        accepted = t.gates[floor][held] & ((prob[held] >= thr) | rule[held])
-        pm, pa, rec, n = rates(accepted, t.labels[held])
-        out.append((style, int(held.sum()), n, pm, pa, rec, thr))
+        accepted[held] = t.gates[floor][held] & ((prob[held] >= thr) | rule[held])
+        thresholds[style] = thr
+    return accepted, thresholds
+
+
+def miss_rows(t: Table, accepted: np.ndarray, floor: float) -> list[list]:
+    """Where the label-2 pairs go, per new style and pooled: accepted, refused by the scene rule (a donor of another
+    scene, which the quality lab refuses), refused by the decision, never proposed (the rule's roles, identity and
+    similarity: other-language prompts have no entities, so theirs are here), recall, and recall over the pairs the
+    scene rule lets through."""
+    out = []
+    groups = [(s, t.styles == s) for s in NEW_STYLES if (t.styles == s).any()]
+    groups += [("pooled: seven new styles", np.isin(t.styles, NEW_STYLES)),
+               ("pooled: issue-11 styles", ~np.isin(t.styles, NEW_STYLES))]
+    for name, members in groups:
+        main = members & (t.labels == 2)
+        hit = int((main & accepted).sum())
+        scene = int((main & t.free[floor] & ~t.gates[floor]).sum())
+        decision = int((main & t.gates[floor] & ~accepted).sum())
+        never = int((main & ~t.free[floor]).sum())
+        n = int(main.sum())
+        out.append([name, n, hit, scene, decision, never, f"{hit / max(n, 1):.3f}",
+                    f"{hit / max(n - scene, 1):.3f}"])
     return out
 
 
@@ -557,6 +589,11 @@ def main(argv: list[str] | None = None) -> int:
     assert chosen is not None and fallback is not None
     _, name, floor, rows = chosen
     held_out_table(t, f"chosen: features {name!r}", floor, rows)
+    print("\nwhere the label-2 pairs go, held out (the chosen decision; recall over the pairs the scene rule lets "
+          "through in the last column):")
+    print(table(["held-out style", "label 2", "accepted", "another scene", "decision", "never proposed", "recall",
+                 "recall, scene rule's refusals left out"],
+                miss_rows(t, loso_accepted(t, columns(FEATURE_SETS[name]), floor)[0], floor)))
     if fallback[1] != name:
         held_out_table(t, f"fallback (entries without a prompt vector): features {fallback[1]!r}", floor,
                        fallback[3])

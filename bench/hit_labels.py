@@ -56,7 +56,9 @@ def majority(votes: Iterable[int]) -> int | None:
 def load_pairs(data: Path = DATA) -> list[Pair]:
     """Every pair with a decided label, with its source and split."""
     pairs = {row["id"]: row for row in _jsonl(data / "pairs.jsonl")}
-    prov = {row["id"]: row for row in _jsonl(data / "provenance.jsonl")}
+    # A folder of someone else's pairs may name no provenance: its pairs are one group, held out.
+    prov = {row["id"]: row for row in _jsonl(data / "provenance.jsonl")} if (data / "provenance.jsonl").is_file() \
+        else {pid: {"source": row.get("style") or row.get("source") or "all"} for pid, row in pairs.items()}
     a, b, c = _labels("labels_a*.jsonl", data), _labels("labels_b*.jsonl", data), _labels("labels_c*.jsonl", data)
     out = []
     for pid, row in pairs.items():
@@ -183,6 +185,34 @@ def score_through_store(pairs: Iterable[Pair], threshold: float | None = None) -
 
 def decide_through_store(pairs: Iterable[Pair], threshold: float | None = None) -> dict[str, bool]:
     """Pair id -> whether the pack hits: the pair's request looked up in a fresh ChaiCache holding only its donor."""
+    return {pid: hit for pid, (hit, _) in look_up_through_store(pairs, threshold).items()}
+
+
+# Why the pack missed a pair: another language on either side, else its lookup's reason (`lookup.flow`).
+OTHER_LANGUAGE, ANOTHER_SCENE, DECISION, NEVER_PROPOSED = ("other language", "another scene", "hit decision",
+                                                           "never proposed")
+MISS_CLASSES = (OTHER_LANGUAGE, ANOTHER_SCENE, DECISION, NEVER_PROPOSED)
+
+
+def miss_class(pair: Pair, reason: str) -> str:
+    """Why the pack missed `pair`: a prompt in another language (no entities on that side), a donor of another
+    scene (the scene rule, which the quality lab asks for), the learned decision's refusal, or no main subject or
+    scene matched as the rule requires (`NEVER_PROPOSED`: parse, roles, identity or similarity; an English donor
+    without entities, which is never stored, is here too). The reasons are read from `lookup.flow`'s and
+    `lookup.ranking`'s miss messages (tests/test_bench_misses.py checks they still say so)."""
+    from comfyui_chai.cache_store.entities.language import foreign_language, other_script
+
+    if any(other_script(t) or foreign_language(t) for t in (pair.request, pair.donor)):
+        return OTHER_LANGUAGE
+    if "show another scene" in reason:
+        return ANOTHER_SCENE
+    if "refused by the hit decision" in reason:
+        return DECISION
+    return NEVER_PROPOSED
+
+
+def look_up_through_store(pairs: Iterable[Pair], threshold: float | None = None) -> dict[str, tuple[bool, str]]:
+    """Pair id -> (hit, the lookup's reason): each request looked up in a fresh ChaiCache holding only its donor."""
     import shutil
     import tempfile
 
@@ -195,13 +225,16 @@ def decide_through_store(pairs: Iterable[Pair], threshold: float | None = None) 
     work = Path(tempfile.mkdtemp(prefix="chai-labels-"))
     try:
         base = ChaiCache(work / "base", budget_bytes=1 << 30)
-        decided: dict[str, bool] = {}
+        decided: dict[str, tuple[bool, str]] = {}
         for n, p in enumerate(pairs):
             cache = ChaiCache(work / f"c{n}", budget_bytes=1 << 30, embedder=base.embedder)
             cache._extractor = base.extractor  # one spaCy pipeline for all the caches
             written = cache.write(p.donor, cache.embed_prompt(p.donor), "labels", {"x": torch.zeros(shape)}, [0.5])
-            decided[p.id] = written.stored and cache.lookup(cache.embed_prompt(p.request), "labels", shape,
-                                                            threshold).hit
+            if not written.stored:
+                decided[p.id] = (False, "the donor was not stored")
+            else:
+                found = cache.lookup(cache.embed_prompt(p.request), "labels", shape, threshold)
+                decided[p.id] = (found.hit, found.reason)
             cache.close()
             shutil.rmtree(work / f"c{n}", ignore_errors=True)
         base.close()

@@ -141,3 +141,15 @@ def test_the_margin_is_the_smallest_whose_thresholds_hold_on_styles_they_were_no
     plain = fd.choose_threshold(prob, t.gates[0.65], t.labels, t.styles, "precision-first")
     _, _, thr, _ = fd.fit_and_threshold(t, everything, cols, 0.65, "nested-margin")
     assert thr >= plain and fd.margin_targets(margin)[0] == pytest.approx(fd.TARGET_MAIN + margin)
+
+
+def test_the_misses_table_sorts_every_label_2_pair_into_one_place():
+    # four new-style pairs labelled 2: accepted; refused by the scene rule; refused by the decision; never proposed
+    t = fd.Table([None] * 5, np.array(["camera"] * 4 + ["plain"]), np.array([2, 2, 2, 2, 0]),
+                 {0.65: np.array([True, False, True, False, True])}, {0.65: np.zeros((5, 1))},
+                 {0.65: np.array([True, True, True, False, True])})
+    accepted = np.array([True, False, False, False, True])
+    rows = {r[0]: r[1:] for r in fd.miss_rows(t, accepted, 0.65)}
+    assert rows["camera"] == [4, 1, 1, 1, 1, "0.250", "0.333"]
+    assert rows["pooled: seven new styles"] == rows["camera"]
+    assert rows["pooled: issue-11 styles"] == [0, 0, 0, 0, 0, "0.000", "0.000"]
