@@ -18,6 +18,8 @@ DATA = Path(__file__).resolve().parent / "data" / "hit_pairs"
 STYLE_DATA = Path(__file__).resolve().parent / "data" / "style_pairs"  # issue 25: prompts in users' styles
 # issue 25, sealed: new prompts by a new writer, labelled after the seventeenth pass; never read to fit or choose
 FRESH_DATA = Path(__file__).resolve().parent / "data" / "fresh_pairs"
+# issue 25, twenty-first pass: fresh prompts read to find errors, never fitted on (`--data bench/data/dev_pairs`)
+DEV_DATA = Path(__file__).resolve().parent / "data" / "dev_pairs"
 
 
 @dataclass(frozen=True)
