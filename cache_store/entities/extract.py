@@ -47,7 +47,7 @@ from .casual import casual_spelling
 from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WORDS, ING_NOUNS, LEMMA_EXCEPTIONS,
                       LANDMARK_HEADS, LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS,
-                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, a_decade, named_kinds)
+                      QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, a_decade, kinds_differ, named_kinds)
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
 from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
@@ -166,11 +166,12 @@ _ROLE_RANK = {MAIN: 0, SCENE: 1, SECONDARY: 2}
 
 
 def merge_variants(entities: list[Entity]) -> list[Entity]:
-    """One entity per thing: a bare phrase whose modified form is also in the prompt ("tiger" beside "beige
-    tiger") is folded into the longer one, which keeps the stronger of the two roles."""
+    """One entity per thing: a bare phrase whose modified form is also in the prompt ("tiger" beside "beige tiger")
+    is folded into the longer one, which keeps the stronger role; not into another kind ("a dog ... a hot dog")."""
     out = list(entities)
     for short in entities:
-        longer = [e for e in out if e is not short and e.head == short.head and e.text.endswith(" " + short.text)]
+        longer = [e for e in out if e is not short and e.head == short.head and e.text.endswith(" " + short.text)
+                  and not kinds_differ(e.identity, short.identity)]
         if short in out and longer:
             target = longer[0]
             out.remove(short)

@@ -204,6 +204,21 @@ def named_kinds(words: list[str]) -> dict[str, int]:
             if " ".join(read[i:i + n]) in NAMED_KINDS}
 
 
+def kinds_differ(a: str, b: str) -> bool:
+    """Whether two identities of one noun name other kinds by their words: a likeness word on one side only
+    ("teddy bear" / "bear"), or a kind's name on one side whose noun the other holds without it ("red panda" /
+    "panda", "red panda cub" / "panda cub", "hot-dog" / "dog"; not "black widow spider" / "spider")."""
+    if frozenset(a.split()) & DEPICTION_WORDS != frozenset(b.split()) & DEPICTION_WORDS:
+        return True  # whole words: "paper-mache" is a likeness word
+    wa, wb = a.replace("-", " ").split(), b.replace("-", " ").split()  # a name's words apart: "hot-dog"
+    na, nb = named_kinds(wa), named_kinds(wb)
+    for name in na.keys() ^ nb.keys():
+        other = wb if name in na else wa
+        if name.rsplit(" ", 1)[-1] in {name_word(w) for w in other}:
+            return True
+    return False
+
+
 # Kinds of place whose members look alike in a video: two scenes of one kind agree whatever their words' similarity
 # ("deep sea" / "dark ocean", "field" / "meadow", "jungle" / "rainforest"; the rubric's "pine forest" / "dense
 # forest"). Rooms, buildings and named places keep the similarity test.

@@ -101,7 +101,7 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     verbal |= doing
     return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers
                     | _plurals_taken_for_verbs(doc, words) | _nouns_after_decades(doc, words)
-                    | _nouns_taken_for_prepositions(doc, words)) - verbal, verbal,
+                    | _nouns_taken_for_prepositions(doc, words) | _places_after_mass_nouns(doc, words)) - verbal, verbal,
                    _trailing_looks(doc, words))
 
 
@@ -215,6 +215,8 @@ def _opening_nouns(doc: "Doc", words: WordClasses) -> set[int]:
             continue  # "red car driving", "slowly ...": a modifier, not a mistagged noun
         if nxt.tag_ == "VBG" or nxt.pos_ == "ADP" or (nxt.pos_ == "NOUN" and nxt.dep_ in ("compound", "dobj")):
             out.add(tok.i)
+        elif nxt.tag_ == "VBZ" and tok.text[:1].isupper() and not words.known(word):
+            out.add(tok.i)  # "Ilse hauls a dripping net" (sm: Ilse RB): a name no table knows, acting
     return out
 
 
@@ -336,6 +338,29 @@ _BUILDING_NOUNS = frozenset({"bar", "center", "centre", "court"})
 _PATH_PREPOSITIONS = frozenset({"over", "through", "across", "above", "below", "behind", "along", "around", "past",
                                 "into", "onto", "toward", "towards", "beneath", "underneath", "between", "among",
                                 "amid", "from", "up", "down", "off"})
+
+
+# Plurals that end in no -s: a verb's plural form may follow them ("people shop at the market").
+_PLURALS_WITHOUT_S = frozenset({"people", "children", "men", "women", "police", "cattle", "fish", "sheep", "deer",
+                                "mice", "geese", "feet", "teeth", "folk", "staff", "crew", "livestock"})
+
+
+def _places_after_mass_nouns(doc: "Doc", words: WordClasses) -> set[int]:
+    """A place noun tagged as a plural's verb (VBP) right after a noun the tagger took for a plural although it is
+    none ("a cozy ramen shop on a rainy street", sm: ramen NNS, shop VBP): the noun names what the place is for,
+    and the place is the head ("the ramen shop during a snowfall"). A plural without -s keeps its verb ("people shop
+    at the market")."""
+    out: set[int] = set()
+    for tok in doc[1:]:
+        prev, word = doc[tok.i - 1], tok.lower_
+        if tok.tag_ != "VBP" or not (word in SCENE_HEADS or word in _BUILDING_NOUNS):
+            continue
+        if prev.tag_ != "NNS" or not prev.is_alpha or prev.lower_.endswith("s") or prev.lower_ in _PLURALS_WITHOUT_S:
+            continue
+        if words and _a_nouns_plural(prev.lower_, words):
+            continue
+        out.add(tok.i)
+    return out
 
 
 def _verbs_after_plurals(doc: "Doc", words: WordClasses) -> set[int]:

@@ -109,6 +109,41 @@ def focus_tokens(doc: "Doc") -> set[int]:
     return focus
 
 
+_NOUN_MODIFIER_DEPS = frozenset({"amod", "compound", "nmod", "nummod", "det", "poss"})
+_PLACE_PARTS = frozenset({"surface", "edge", "top", "bottom", "side", "middle", "inside", "interior", "exterior"})
+
+
+def _absolute_detail(doc: "Doc", i: int, things: Sequence[int]) -> bool:
+    """A bare noun after a comma with its own participle, after a thing the sentence names before it (`things`: the
+    head tokens of its object entities): a detail of the picture (an absolute clause: "..., raindrops beading on the
+    paint", "..., dust swirling around her boots", "..., headlights cutting through fog"), not a second subject. An
+    article makes it one ("A cat sleeping on the sofa, a dog playing with a ball"), so do people ("a car on fire,
+    firefighters spraying water"), and so does a sentence that
+    names only places, times or the things of a preposition before it ("An elegant ballroom with a crystal
+    chandelier, couples waltzing", "Autumn at the lakeside cabin, maple trees blazing") or nothing ("Slow motion,
+    petals falling")."""
+    tok = doc[i]
+    sent = tok.sent
+    start = i  # the noun phrase's own first word (a root's subtree spans the sentence)
+    while start - 1 > sent.start and doc[start - 1].dep_ in _NOUN_MODIFIER_DEPS and doc[start - 1].head.i >= start:
+        start -= 1
+    if start <= sent.start or doc[start - 1].text != "," or tok.tag_ not in ("NNS", "NN"):
+        return False
+    if _a_role(tok, PEOPLE):
+        return False  # "A campfire in the woods, friends telling stories": people doing things are subjects
+    if any(c.dep_ in ("det", "poss", "nummod") for c in tok.children):
+        return False
+    acting = any(c.dep_ == "acl" and c.tag_ == "VBG" for c in tok.children) or (
+        tok.dep_ == "nsubj" and tok.head.tag_ == "VBG" and tok.head.i > tok.i)
+    return acting and any(sent.start <= h < start - 1 and doc[h].dep_ != "pobj" and doc[h].lower_ not in _PLACE_PARTS
+                          for h in things)
+
+
+def _a_feature_of(tok: "Token", places: set[int]) -> bool:
+    """Whether a noun is what a place is seen with ("a ramen shop with red lanterns", "a beach with palm trees")."""
+    return tok.dep_ == "pobj" and tok.head.lower_ == "with" and tok.head.head.i in places
+
+
 def _named_person(tok: "Token") -> bool:
     """A person named by a name without an article ("Olav"; "the Eiffel Tower" is no person) or by a role, one word
     or two ("knight", "the Queen", "police officer"); a generic person ("people") is a crowd in the background as
@@ -180,6 +215,8 @@ def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[st
     heads_set = set(heads)
     focus |= {f - 1 for f in focus if f not in heads_set and f - 1 in heads_set and doc[f].lower_.endswith("ing")
               and doc[f - 1].dep_ == "compound" and doc[f - 1].head.i == f}
+    things = [h for h, k in zip(heads, kinds) if k == "object"]
+    focus = {f for f in focus if not _absolute_detail(doc, f, things)}
     sent = next(iter(doc.sents), None) if doc.has_annotation("DEP") else None
     root_is_entity = sent is not None and sent.root.i in heads
     roles = []
@@ -196,7 +233,11 @@ def roles_for(doc: "Doc", heads: Sequence[int], kinds: Sequence[str]) -> list[st
     if kinds and kinds[0] == "object":
         roles[0] = MAIN  # prompts name their subject first ("A fisherman hauling nets onto a boat ...")
     elif MAIN not in roles and not any(h in focus for h in heads):
-        first = next((i for i, k in enumerate(kinds) if k == "object"), None)
+        # "revealing a tiny ramen shop with red lanterns": what a place is seen "with" is a feature of the place, and
+        # "..., steam escaping from the door" a detail: neither is the subject of a prompt about places
+        places = {h for h, k in zip(heads, kinds) if k == "scene"}
+        first = next((i for i, k in enumerate(kinds) if k == "object" and not _a_feature_of(doc[heads[i]], places)
+                      and not _absolute_detail(doc, heads[i], things)), None)
         if first is not None:
             roles[first] = MAIN
     where = {h: k for k, h in enumerate(heads)}  # entity index by head token

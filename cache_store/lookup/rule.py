@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from ..entities.lexicon import DEPICTION_WORDS, name_word, named_kinds, places_of_a_kind, same_kind_of_place
+from ..entities.lexicon import kinds_differ, places_of_a_kind, same_kind_of_place
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 from ..naming import encodable_text
 from .decision import DecisionModel, default_decision
@@ -220,21 +220,6 @@ def closed_compound(a: str, b: str) -> str:
 
 
 @lru_cache(maxsize=65536)
-def kinds_differ(a: str, b: str) -> bool:
-    """Whether two identities of one noun name other kinds by their words: a likeness word on one side only
-    ("teddy bear" / "bear"), or a kind's name on one side whose noun the other holds without it ("red panda" /
-    "panda", "red panda cub" / "panda cub", "hot-dog" / "dog"; not "black widow spider" / "spider")."""
-    if frozenset(a.split()) & DEPICTION_WORDS != frozenset(b.split()) & DEPICTION_WORDS:
-        return True  # whole words: "paper-mache" is a likeness word
-    wa, wb = a.replace("-", " ").split(), b.replace("-", " ").split()  # a name's words apart: "hot-dog"
-    na, nb = named_kinds(wa), named_kinds(wb)
-    for name in na.keys() ^ nb.keys():
-        other = wb if name in na else wa
-        if name.rsplit(" ", 1)[-1] in {name_word(w) for w in other}:
-            return True
-    return False
-
-
 def _modifiers(entity: Any) -> frozenset[str]:
     """The words of an entity other than its head ("sausage" in "sausage dog", "guitar" in "man playing guitar")."""
     return _words_besides(entity.text, entity.head)
@@ -250,4 +235,5 @@ def matched_role(query_role: str, stored_role: str) -> str:
     return {MAIN: "main subject", SCENE: "scene"}.get(query_role, query_role)
 
 
-__all__ = ["COMPOUND", "HitRule", "IdentityFilter", "MODIFIER", "SceneKeys", "closed_compound", "matched_role"]
+__all__ = ["COMPOUND", "HitRule", "IdentityFilter", "MODIFIER", "SceneKeys", "closed_compound", "kinds_differ",
+           "matched_role"]
