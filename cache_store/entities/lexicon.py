@@ -5,6 +5,7 @@ Each list is a closed class or a lexicon the parser cannot know (see `entities` 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 QUANTITY_WORDS = frozenset({
     "few", "several", "many", "numerous", "multiple", "various", "some", "each", "every", "both", "all",
@@ -204,6 +205,7 @@ def named_kinds(words: list[str]) -> dict[str, int]:
             if " ".join(read[i:i + n]) in NAMED_KINDS}
 
 
+@lru_cache(maxsize=65536)  # the rule tests every pair of two prompts' entities; identities recur
 def kinds_differ(a: str, b: str) -> bool:
     """Whether two identities of one noun name other kinds by their words: a likeness word on one side only
     ("teddy bear" / "bear"), or a kind's name on one side whose noun the other holds without it ("red panda" /

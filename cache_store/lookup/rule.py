@@ -219,7 +219,6 @@ def closed_compound(a: str, b: str) -> str:
     return ""
 
 
-@lru_cache(maxsize=65536)
 def _modifiers(entity: Any) -> frozenset[str]:
     """The words of an entity other than its head ("sausage" in "sausage dog", "guitar" in "man playing guitar")."""
     return _words_besides(entity.text, entity.head)
