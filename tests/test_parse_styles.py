@@ -688,6 +688,8 @@ def test_a_count_tags_person_yields_the_main_role_to_the_role_tag_after_it(extra
     ("FPV drone diving through a desert canyon at sunset", {"desert canyon": "scene"}, {"fpv drone", "fpv"}),
     ("Static shot, locked off on a tripod, a red barn in a snowstorm", {"red barn": "scene"}, {"tripod"}),
     ("Tracking shot at ground level following a hedgehog across a lawn", {"hedgehog": "main"}, {"ground level"}),
+    ("Handheld shot at water level following a surfer paddling out toward a huge wave", {"surfer": "main"},
+     {"water level"}),
     ("Static shot, medium framing, a potter shaping clay at a wheel", {}, {"medium", "medium framing"}),
     # a drone, a tripod or a medium named as the thing itself stays
     ("A delivery drone flying over a suburban street", {"delivery drone": "main"}, set()),
@@ -761,6 +763,8 @@ def test_a_place_after_a_noun_the_tagger_took_for_a_plural_is_the_head(extractor
     # sm tags "ramen" NNS and "shop" as its verb (VBP): the place was lost and "ramen" became the subject
     assert roles(extractor, "a cozy ramen shop on a rainy street").get("cozy ramen shop") == "scene"
     assert roles(extractor, "Shot 7 - wide shot, the ramen shop during a snowfall").get("ramen shop") == "scene"
+    # ... and the noun is its compound, so "a cozy ramen shop" is a ramen shop, not any shop
+    assert [e.identity for e in extractor.extract("a cozy ramen shop on a rainy street")][0] == "ramen shop"
     # a real plural keeps its verb: generic people take it as their activity
     assert "people shop at market" in roles(extractor, "people shop at the market")
 

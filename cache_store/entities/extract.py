@@ -426,7 +426,7 @@ def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
     so does a depiction word whatever its tag ("robotic dog", "teddy bear": `lexicon.DEPICTION_WORDS`) and a
     kind's name ending at the head or at the noun before it ("red panda", "red panda cub": `lexicon.NAMED_KINDS`).
     A coined brand before a common noun stops it (`_a_brand`: "AeroFlux X1 sneakers" is a "sneaker"), except before a
-    place or a landmark (`lexicon.LANDMARK_HEADS`)."""
+    place or a landmark (`lexicon.LANDMARK_HEADS`). A noun sm made its head's subject counts ("ramen shop")."""
     words, rest = _named_kind_end(doc, indices, head)
     common_head = doc[indices[-1]].text.islower() and head not in _PLACE_HEADS
     for i in reversed(rest):
@@ -434,8 +434,8 @@ def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
         if tok.lower_ in DEPICTION_WORDS:
             words.insert(0, tok.lower_)
             continue
-        if (tok.pos_ not in ("NOUN", "PROPN") or tok.dep_ not in ("compound", "nmod", "amod")
-                or tok.lower_ in COLOUR_WORDS or (common_head and _a_brand(tok))):
+        compound = tok.dep_ in ("compound", "nmod", "amod") or (tok.dep_ == "nsubj" and tok.head.i == indices[-1])
+        if tok.pos_ not in _HEAD_POS or not compound or tok.lower_ in COLOUR_WORDS or (common_head and _a_brand(tok)):
             break
         words.insert(0, tok.lower_)
     return " ".join(words)
