@@ -386,8 +386,12 @@ def setting_rule(t: Table, floor: float) -> np.ndarray:
 
 def loso(t: Table, cols: list[int], floor: float) -> list[tuple[str, int, int, float, float, float, float]]:
     """Per held-out style: (style, pairs, accepted, precision main, precision any, recall, threshold)."""
+    return loso_rows(t, *loso_accepted(t, cols, floor))
+
+
+def loso_rows(t: Table, accepted: np.ndarray, thresholds: dict[str, float]) -> list[tuple]:
+    """`loso`'s rows from the held-out acceptances `loso_accepted` gives."""
     out = []
-    accepted, thresholds = loso_accepted(t, cols, floor)
     for style in sorted(set(t.styles)):
         held = t.styles == style
         pm, pa, rec, n = rates(accepted[held], t.labels[held])
@@ -574,26 +578,27 @@ def main(argv: list[str] | None = None) -> int:
     summary, chosen, fallback = [], None, None
     for name, names in FEATURE_SETS.items():
         for floor in FLOORS:
-            rows = loso(t, columns(names), floor)
+            accepted, thresholds = loso_accepted(t, columns(names), floor)
+            rows = loso_rows(t, accepted, thresholds)
             key = selection_key(rows)
             summary.append([name, f"{floor:.2f}", key[0], f"{key[1]:.3f}"])
             if not store_can_run(names) or abs(floor - ship_floor) > 1e-9:
                 continue
             if chosen is None or key > chosen[0]:
-                chosen = (key, name, floor, rows)
+                chosen = (key, name, floor, rows, accepted)
             reads_prompt = bool({FEATURES[c] for c in columns(names)} & PROMPT_FEATURES)
             if not reads_prompt and (fallback is None or key > fallback[0]):
                 fallback = (key, name, floor, rows)
     print(f"threshold criterion: {CRITERION}")
     print(table(["features", "floor", "held-out styles meeting targets", "mean min(target ratio)"], summary))
     assert chosen is not None and fallback is not None
-    _, name, floor, rows = chosen
+    _, name, floor, rows, chosen_accepted = chosen
     held_out_table(t, f"chosen: features {name!r}", floor, rows)
     print("\nwhere the label-2 pairs go, held out (the chosen decision; recall over the pairs the scene rule lets "
           "through in the last column):")
     print(table(["held-out style", "label 2", "accepted", "another scene", "decision", "never proposed", "recall",
                  "recall, scene rule's refusals left out"],
-                miss_rows(t, loso_accepted(t, columns(FEATURE_SETS[name]), floor)[0], floor)))
+                miss_rows(t, chosen_accepted, floor)))
     if fallback[1] != name:
         held_out_table(t, f"fallback (entries without a prompt vector): features {fallback[1]!r}", floor,
                        fallback[3])

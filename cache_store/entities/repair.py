@@ -101,7 +101,7 @@ def repairs(doc: "Doc", words: WordClasses) -> Repairs:
     verbal |= doing
     return Repairs((_repaired_nouns(doc, words) | _opening_nouns(doc, words) | subjects | doers
                     | _plurals_taken_for_verbs(doc, words) | _nouns_after_decades(doc, words)
-                    | _nouns_taken_for_prepositions(doc, words) | _places_after_mass_nouns(doc, words)) - verbal, verbal,
+                    | _nouns_taken_for_prepositions(doc, words) | _places_after_mass_nouns(doc)) - verbal, verbal,
                    _trailing_looks(doc, words))
 
 
@@ -334,7 +334,7 @@ def _named_subject_acts(doc: "Doc", tok: "Token", words: WordClasses) -> bool:
 
 
 # Places named by their users that `lexicon.SCENE_HEADS` leaves out ("Sports bar across the street").
-_BUILDING_NOUNS = frozenset({"bar", "center", "centre", "court"})
+_PLACE_WORDS = SCENE_HEADS | {"bar", "center", "centre", "court"}
 _PATH_PREPOSITIONS = frozenset({"over", "through", "across", "above", "below", "behind", "along", "around", "past",
                                 "into", "onto", "toward", "towards", "beneath", "underneath", "between", "among",
                                 "amid", "from", "up", "down", "off"})
@@ -345,7 +345,7 @@ _PLURALS_WITHOUT_S = frozenset({"people", "children", "men", "women", "police", 
                                 "mice", "geese", "feet", "teeth", "folk", "staff", "crew", "livestock"})
 
 
-def _places_after_mass_nouns(doc: "Doc", words: WordClasses) -> set[int]:
+def _places_after_mass_nouns(doc: "Doc") -> set[int]:
     """A place noun tagged as a plural's verb (VBP) right after a noun the tagger took for a plural although it is
     none ("a cozy ramen shop on a rainy street", sm: ramen NNS, shop VBP): the noun names what the place is for,
     and the place is the head ("the ramen shop during a snowfall"). A plural without -s keeps its verb ("people shop
@@ -353,11 +353,9 @@ def _places_after_mass_nouns(doc: "Doc", words: WordClasses) -> set[int]:
     out: set[int] = set()
     for tok in doc[1:]:
         prev, word = doc[tok.i - 1], tok.lower_
-        if tok.tag_ != "VBP" or not (word in SCENE_HEADS or word in _BUILDING_NOUNS):
+        if tok.tag_ != "VBP" or word not in _PLACE_WORDS:
             continue
         if prev.tag_ != "NNS" or not prev.is_alpha or prev.lower_.endswith("s") or prev.lower_ in _PLURALS_WITHOUT_S:
-            continue
-        if words and _a_nouns_plural(prev.lower_, words):
             continue
         out.add(tok.i)
     return out
@@ -377,7 +375,7 @@ def _verbs_after_plurals(doc: "Doc", words: WordClasses) -> set[int]:
         prev, word = doc[tok.i - 1], tok.lower_
         if tok.tag_ not in ("NN", "NNP") or not tok.is_alpha or word.endswith("s") or word not in words.verbs:
             continue
-        if word in SCENE_HEADS or word in _BUILDING_NOUNS:
+        if word in _PLACE_WORDS:
             continue  # "Sports bar across the street", "Kids room above the garage": a place named by its users
         if prev.tag_ != "NNS" or not _a_nouns_plural(prev.lower_, words):
             continue

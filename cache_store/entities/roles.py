@@ -118,10 +118,9 @@ def _absolute_detail(doc: "Doc", i: int, things: Sequence[int]) -> bool:
     head tokens of its object entities): a detail of the picture (an absolute clause: "..., raindrops beading on the
     paint", "..., dust swirling around her boots", "..., headlights cutting through fog"), not a second subject. An
     article makes it one ("A cat sleeping on the sofa, a dog playing with a ball"), so do people ("a car on fire,
-    firefighters spraying water"), and so does a sentence that
-    names only places, times or the things of a preposition before it ("An elegant ballroom with a crystal
-    chandelier, couples waltzing", "Autumn at the lakeside cabin, maple trees blazing") or nothing ("Slow motion,
-    petals falling")."""
+    firefighters spraying water"), and so does a sentence that names only places, times or the things of a
+    preposition before it ("An elegant ballroom with a crystal chandelier, couples waltzing", "Autumn at the
+    lakeside cabin, maple trees blazing") or nothing ("Slow motion, petals falling")."""
     tok = doc[i]
     sent = tok.sent
     start = i  # the noun phrase's own first word (a root's subtree spans the sentence)
