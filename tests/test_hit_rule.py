@@ -3,18 +3,22 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from comfyui_chai.cache_store.entities.extract import Entity
+from comfyui_chai.cache_store.entities.lexicon import same_kind_of_place
 from comfyui_chai.cache_store.entities.roles import BORROWABLE, MAIN, ROLES, SCENE
 from comfyui_chai.cache_store.lookup import ranking
 from comfyui_chai.cache_store.lookup.rule import HitRule, IdentityFilter, closed_compound, kinds_differ
 from comfyui_chai.cache_store.types import EmbeddedEntities
 
 DIM = 6
-PLACES = ("beach", "forest", "street", "desert", "harbour", "jungle")  # forest and jungle: one kind of place
+PLACES = ("beach", "forest", "street", "desert", "harbour", "jungle", "snow")  # forest, jungle: one kind of place
+# Words before a scene's head: none, another place, or a place's adjective ("snowy forest", "beach street").
+MODIFIERS = ("", "", "", "snowy", "snow-covered", "beach", "sandy", "jungle")
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -31,7 +35,8 @@ def _cases(rng: np.random.Generator, n: int) -> list[tuple[list[Entity], list[En
         for side in ("r", "d"):
             scenes = []
             for i, place in enumerate(rng.choice(PLACES, size=int(rng.integers(0, 3)), replace=False)):
-                text = f"{side}{i} {place}"
+                modifier = str(rng.choice(MODIFIERS))
+                text = f"{side}{i} {modifier} {place}" if modifier and modifier != place else f"{side}{i} {place}"
                 vectors[text] = _unit(base[place] + rng.normal(scale=float(rng.choice([0.05, 0.4, 1.0])), size=DIM))
                 scenes.append(Entity(text, "scene", str(place), SCENE))
             sides.append([Entity("dog", "object", "dog", MAIN), *scenes])
@@ -58,8 +63,13 @@ def _sql_keeps(rule: HitRule, request: list[Entity], donor: list[Entity], vector
     manifest = type("Db", (), {"query": staticmethod(lambda sql, params=(): db.execute(sql, params).fetchall())})
     scenes = ranking.agreeing_scenes(entities, ranking.by_identity(manifest, matched))
     where, params = rule.scenes_sql(scenes)
-    return bool(db.execute(f"WITH best(entry_id) AS (VALUES (1)) SELECT entry_id FROM best {where}",
+    kept = bool(db.execute(f"WITH best(entry_id) AS (VALUES (1)) SELECT entry_id FROM best {where}",
                            params).fetchall())
+    if scenes is not None and rule.scenes_must_agree:  # the posting cache tests the same rows in Python
+        rows = db.execute("SELECT e.core, e.head, e.id, e.text FROM postings p JOIN entities e ON e.id = p.entity_id "
+                          "WHERE p.role = ?", [SCENE]).fetchall()
+        assert kept == (not rows or any(scenes.admits(*row) for row in rows)), (request, donor, scenes)
+    return kept
 
 
 @pytest.mark.parametrize("scenes_must_agree", [True, False])
@@ -67,7 +77,7 @@ def _sql_keeps(rule: HitRule, request: list[Entity], donor: list[Entity], vector
 def test_the_scene_predicate_and_its_sql_agree(threshold, scenes_must_agree):
     rule = HitRule(threshold, scenes_must_agree=scenes_must_agree)
     cases = _cases(np.random.default_rng(int(threshold * 100)), 300)
-    outcomes, by_kind = [], 0
+    outcomes, by_kind, by_words = [], 0, 0
     for k, (request, donor, vectors) in enumerate(cases):
         sim = lambda q, d: float(vectors[q.text] @ vectors[d.text])  # noqa: E731
         python = rule.scenes_agree(request, donor, sim)
@@ -78,10 +88,13 @@ def test_the_scene_predicate_and_its_sql_agree(threshold, scenes_must_agree):
         outcomes.append(python)
         # agreement only by kind of place: two scenes of one kind, no pair at the threshold
         here, there = [e for e in request if e.role == SCENE], [e for e in donor if e.role == SCENE]
-        by_kind += bool(python and here and there and not any(sim(q, d) >= threshold for q in here for d in there))
+        apart = python and here and there and not any(sim(q, d) >= threshold for q in here for d in there)
+        by_kind += bool(apart and any(same_kind_of_place(q.head, d.head) for q in here for d in there))
+        by_words += bool(apart and not any(same_kind_of_place(q.head, d.head) for q in here for d in there))
     if scenes_must_agree:
         assert len(set(outcomes)) == 2  # the cases exercise both answers
         assert by_kind  # ... and scenes that agree only by their kind of place ("forest" / "jungle")
+        assert by_words  # ... or only by one naming the other's place among its words ("snowy forest" / "snow")
     else:
         assert all(outcomes)
 
@@ -128,9 +141,11 @@ def test_the_identity_filter_is_same_thing_for_every_stored_entity_of_an_identit
     sql = f"SELECT 1 FROM (SELECT ? AS drop_object, ? AS ban, ? AS ban_any, ? AS keep) m, " \
           f"(SELECT ? AS kind, ? AS text) e " \
           f"WHERE {rule.identity_sql('m', 'e', 'instr')}"
-    seen, kept = set(), set()
+    seen, kept, named = set(), set(), 0
     for _ in range(4000):
         query, stored = _entity(rng), _entity(rng)
+        if rng.random() < 0.2:  # a name of the request's ("Aurelia" in "the Aurelia GT"), maybe in the stored words
+            query = replace(query, names=(str(rng.choice(WORDS)),))
         if rng.random() < 0.2:  # the request's own words, stored under another identity (an older parse's)
             stored = Entity(query.text, stored.kind, query.head, MAIN, stored.core if stored.core != query.head else "")
         sim = float(rng.choice([0.5, 0.65, 0.69, 0.7, 0.9]))  # under and over both thresholds
@@ -143,8 +158,11 @@ def test_the_identity_filter_is_same_thing_for_every_stored_entity_of_an_identit
             seen.add((only.drop_object, bool(only.ban), only.ban_any, in_sql))
             kept.add(bool(only.keep) and stored.text == only.keep and only.drop_object and stored.kind == "object")
         seen.add(python)
+        named += bool(query.names and python and query.names[0] in stored.identity.split()
+                      and not rule.same_thing(replace(query, names=()), stored, sim))
     assert {True, False} <= seen and len(seen) >= 8  # refusals of every form were exercised
     assert True in kept  # ... and stored objects of the request's own words under another identity
+    assert named  # ... and matches admitted only by a name the two share ("Amara Osei" / "Dr. Osei")
 
 
 def test_compounds_written_as_one_word_count_like_open_ones():
@@ -246,3 +264,18 @@ def test_words_no_stored_text_can_hold_ban_and_keep_nothing_in_sql():
     only = IdentityFilter(drop_object=True, ban="a\x00b", ban_any=True, keep="robotic\x00dog")
     assert only.row() == (1, "", 0, "")
     assert not only.admits("object", "robotic\ufffddog") and only.admits("scene", "a\ufffdb")
+
+
+def test_a_scene_names_another_by_its_noun_or_adjective_among_its_other_words():
+    from comfyui_chai.cache_store.entities.lexicon import adjective_forms, noun_bases, scene_words_name
+
+    assert scene_words_name("snowy forest", "forest", "snow") and scene_words_name("snow-covered forest", "forest",
+                                                                                    "snow")
+    assert scene_words_name("castle courtyard", "courtyard", "castle")
+    assert scene_words_name("foggy harbour", "harbour", "fog") and scene_words_name("icy road", "road", "ice")
+    assert not scene_words_name("burning forest", "forest", "snow")
+    assert not scene_words_name("snowy forest", "forest", "forest")  # its own head is no other word of it
+    # the SQL side reads the same relation from the other end
+    for word in ("snowy", "foggy", "icy", "sunny", "castle"):
+        assert all(word in adjective_forms(base) for base in noun_bases(word)) and noun_bases(word)
+    assert "ice" in noun_bases("icy") and "fog" in noun_bases("foggy") and "sun" in noun_bases("sunny")

@@ -780,3 +780,44 @@ def test_a_likeness_or_a_kinds_name_is_not_folded_into_its_noun(extractor):
 def test_a_name_no_table_knows_opening_a_sentence_before_its_verb_is_the_subject(extractor):
     assert roles(extractor, "Ilse hauls a dripping net onto the deck, close-up on her gloved hands").get("ilse") \
         == "main"
+
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("cozy cabin snow fireplace chill vibes", {"cozy cabin": "scene", "fireplace": "main"}),
+    ("vintage car rain neon night", {"vintage car": "main"}),
+    ("lighthouse storm waves crashing at nite", {"lighthouse": "scene"}),
+    ("man walking his dog in park autumn leafs", {"park": "scene"}),
+    ("cyberpunk city rain neon girl on a bike", {"cyberpunk city": "scene", "neon girl": "main"}),
+])
+def test_a_condition_inside_a_casual_run_on_splits_it(extractor, prompt, expected):
+    # the time or weather word between two nouns named neither: the run became one entity headed by its last noun
+    got = roles(extractor, prompt)
+    assert {k: v for k, v in got.items() if k in expected} == expected
+
+
+@pytest.mark.parametrize("prompt, compound", [
+    ("a bustling night market in Taipei", "night market"), ("a snow leopard on a rocky ledge", "snow leopard"),
+    ("heavy morning fog over the lake", "morning fog"), ("A massive volcano under a dark night sky", "night sky"),
+])
+def test_a_condition_compounded_after_an_adjective_or_another_condition_stays(extractor, prompt, compound):
+    assert any(compound in e.text for e in extractor.extract(prompt)), extractor.extract(prompt)
+
+
+@pytest.mark.parametrize("prompt, subject, gone", [
+    ("Whip pan. Ballerina mid-spin. Spotlight.", "ballerina", "mid-spin"),
+    ("360 degree orbit around a dancer frozen mid-jump in bullet time", "dancer", "mid-jump"),
+    ("A dog catches a frisbee in mid-air in a park.", "dog", "mid-air"),
+])
+def test_a_mid_moment_is_no_thing(extractor, prompt, subject, gone):
+    got = roles(extractor, prompt)
+    assert got.get(subject) == "main" and not any(gone in t or t in ("air", "spin", "jump") for t in got), got
+
+
+def test_names_are_the_capitalised_words_no_table_knows(extractor):
+    def names(prompt: str) -> set[str]:
+        return {n for e in extractor.extract(prompt) for n in e.names}
+    assert names("Amara Osei watches Phobos rise over the canyon") == {"amara", "osei"}
+    assert names("Dr. Osei's boot print in the fine red dust") == {"osei"}  # a title is no name
+    assert names("Aurelia GT speeding through a tunnel") == {"aurelia"}  # nor an acronym
+    assert names("Miso stretches on a windowsill, the orange tabby yawns") == set()  # miso is a word too
+    assert names("aurelia gt speeding through a tunnel") == set()  # written in lower case: no name

@@ -68,6 +68,26 @@ def test_scenes_of_one_kind_of_place_agree_whatever_their_words(opener):
         assert not missed.hit and "another scene" in missed.reason
 
 
+def test_a_scene_naming_the_others_place_among_its_words_agrees(opener):
+    dog = Entity("dog", "object", "dog", "main")
+    snow, snowy_forest = Entity("snow", "scene", "snow", "scene"), Entity("snowy forest", "scene", "forest", "scene")
+    with opener("c", StoreConfig(10**9)) as s:
+        s.insert("a dog in a burning forest", embedded(dog, Entity("burning forest", "scene", "forest", "scene")), FP,
+                 latents(1), SIGMAS)
+        assert float(vector("snow") @ vector("forest")) < THR  # far apart for the test embedder
+        missed = s.lookup(embedded(dog, snow), FP, SHAPE, HitRule(THR))
+        assert not missed.hit and "another scene" in missed.reason
+        s.insert("a dog in a snowy forest", embedded(dog, snowy_forest), FP, latents(2), SIGMAS)
+        served = s.lookup(embedded(dog, snow), FP, SHAPE, HitRule(THR))  # "snow" among the stored scene's words
+        assert served.hit and served.entry.prompt == "a dog in a snowy forest"
+    with opener("d", StoreConfig(10**9)) as s:
+        s.insert("a dog in the snow", embedded(dog, snow), FP, latents(3), SIGMAS)
+        served = s.lookup(embedded(dog, snowy_forest), FP, SHAPE, HitRule(THR))  # ... or among the request's
+        assert served.hit and served.entry.prompt == "a dog in the snow"
+        burning = s.lookup(embedded(dog, Entity("burning forest", "scene", "forest", "scene")), FP, SHAPE, HitRule(THR))
+        assert not burning.hit
+
+
 def test_a_noun_compounded_on_one_side_names_another_thing(opener):
     with opener("c", StoreConfig(10**9)) as s:
         s.insert("a lion", embedded(Entity("lion", "object", "lion", "main")), FP, latents(1), SIGMAS)

@@ -39,15 +39,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..naming import encodable_text
+from .candidates import HEAD_POS, NOT_COMPOUND_POS, chunk_candidates, is_head, is_wordlike, run_candidates
 from .casual import casual_spelling
 from .language import foreign_language
 from .lexicon import (COLOUR_THINGS, COLOUR_WORDS, CONDITION_HEADS, DEPICTION_WORDS, ING_NOUNS, LEMMA_EXCEPTIONS,
                       LANDMARK_HEADS, LOCATIVE_PREPOSITIONS, LOCATIVE_SCENE_HEADS, PLACE_NAME_PREPOSITIONS,
                       QUANTITY_HEADS, QUANTITY_WORDS, SCENE_HEADS, SCENE_PHRASES, a_decade, kinds_differ, named_kinds)
+from .names import name_words
 from .roles import GENERIC_PEOPLE, MAIN, ROLES, SCENE, SECONDARY, activity, roles_for
 from .spacy_pipeline import resolve_pipeline
 from .repair import HYPHENS, Repairs, has_alnum, is_glue_hyphen, repairs
@@ -65,15 +67,8 @@ _PROTECTED = frozenset(SCENE_HEADS | LOCATIVE_SCENE_HEADS | CONDITION_HEADS | IN
 MAX_PROMPT_CHARS = 4000
 PIPE_BATCH_SIZE = 64
 
-_RUN_POS = frozenset({"DET", "ADJ", "NUM", "NOUN", "PROPN"})
-_HEAD_POS = frozenset({"NOUN", "PROPN"})
 _MODIFIER_POS = frozenset({"ADJ", "NOUN", "PROPN", "VERB"})
-# A `compound` token joins a run unless it is a function word or a verb ("zoom in", "a panda drinking coffee").
-_NOT_COMPOUND_POS = frozenset({"VERB", "AUX", "ADP", "PART", "PUNCT", "CCONJ", "SCONJ", "PRON", "SYM",
-                               "SPACE", "DET", "INTJ"})
 _SPACES = re.compile(r"\s+")
-_LATIN_OR_DIGIT = re.compile(r"[0-9A-Za-z\u00c0-\u024f]")
-MAX_WORD_CHARS = 40
 _PLACE_HEADS = SCENE_HEADS | LANDMARK_HEADS
 
 
@@ -86,6 +81,7 @@ class Entity:
     head: str
     role: str = MAIN  # the extractor always sets it; a hand-made entity may carry a hit
     core: str = ""  # what the thing is: the head with the nouns compounded onto it ("sea lion"); '' = the head
+    names: tuple[str, ...] = field(default=(), compare=False)  # its words written as names (`names.name_words`)
 
     @property
     def identity(self) -> str:
@@ -184,7 +180,7 @@ def _entities(doc: "Doc", strip_heads: frozenset[str] = frozenset(),
               words: WordClasses = WordClasses()) -> list[tuple[Entity, int]]:
     """(entity, head token index) pairs in order of first mention, one per distinct text."""
     nominal = repairs(doc, words)
-    raw = _chunk_candidates(doc, nominal) + _run_candidates(doc, nominal)
+    raw = chunk_candidates(doc, nominal) + run_candidates(doc, nominal)
     cleaned = [_clean(doc, indices, nominal) for indices in raw]
     merged: dict[str, tuple[Entity, int]] = {}
     for indices in _outermost(cleaned):
@@ -207,99 +203,6 @@ def _adjective_alone(text: str, words: WordClasses) -> bool:
             and text not in words.protected)
 
 
-def _is_wordlike(tok: "Token") -> bool:
-    """A Latin-script word or a number of sane length: the English pipeline cannot analyse other scripts."""
-    return (len(tok.text) <= MAX_WORD_CHARS and _LATIN_OR_DIGIT.search(tok.text) is not None
-            and not tok.like_url and not tok.like_email)
-
-
-def _is_head(tok: "Token", nominal: Repairs) -> bool:
-    return ((tok.pos_ in _HEAD_POS or tok.i in nominal) and tok.i not in nominal.verbal and tok.i not in nominal.looks
-            and _is_wordlike(tok))
-
-
-def _is_participle(doc: "Doc", i: int, nominal: Repairs) -> bool:
-    """An -ing word right after a noun ("a dog drinking water", "Corgi playing"): the sm tagger calls it NN."""
-    tok = doc[i]
-    word = tok.lower_
-    if i == 0 or tok.pos_ == "PROPN" or not word.endswith("ing") or word in ING_NOUNS:
-        return False
-    if not any(ch in "aeiouy" for ch in word[:-3]):
-        return False  # ring, king, thing, string, swing: no verb stem before "ing"
-    return _is_head(doc[i - 1], nominal)
-
-
-def _split(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[list[int]]:
-    """Break a candidate at punctuation (not a glue hyphen), conjunctions and participles after a noun, and between
-    a place and the time or weather after it."""
-    parts: list[list[int]] = [[]]
-    for i in indices:
-        tok = doc[i]
-        if ((tok.is_punct and not is_glue_hyphen(doc, i)) or tok.pos_ == "CCONJ" or i in nominal.verbal
-                or _is_participle(doc, i, nominal)):
-            parts.append([])
-        elif _time_after_place(doc, i, parts[-1]):
-            parts.append([i])
-        else:
-            parts[-1].append(i)
-    return [p for p in parts if p]
-
-
-# Conditions a casual prompt writes after its place ("beach sunset", "dark ocean fog"); "spring", "hour", "day",
-# "breeze" and "wind" also end compounds that name other things ("mountain spring", "rush hour", "field day", "sea
-# breeze", "desert wind").
-_TIME_AFTER_PLACE = CONDITION_HEADS - {"spring", "hour", "day", "breeze", "wind"}
-
-
-def _time_after_place(doc: "Doc", i: int, part: list[int]) -> bool:
-    """Whether token i is a time, season or weather noun right after a place noun of the same candidate, and the
-    candidate's last noun: the place and its condition are two entities ("dog on beach sunset" -> "beach", "sunset";
-    not "a beach sunset painting", "a city snow globe")."""
-    if not part or part[-1] != i - 1 or doc[i].pos_ not in ("NOUN", "PROPN"):
-        return False
-    prev, nxt = doc[i - 1], doc[i + 1] if i + 1 < len(doc) else None
-    if nxt is not None and nxt.pos_ in ("NOUN", "PROPN"):
-        return False
-    return doc[i].lemma_.lower() in _TIME_AFTER_PLACE and prev.pos_ in ("NOUN", "PROPN") \
-        and prev.lemma_.lower() in SCENE_HEADS
-
-
-def _chunk_candidates(doc: "Doc", nominal: Repairs) -> list[list[int]]:
-    if not doc.has_annotation("DEP"):
-        return []
-    out: list[list[int]] = []
-    for chunk in doc.noun_chunks:
-        dropped: set[int] = set()
-        for tok in chunk:
-            if tok.dep_ == "poss":
-                dropped.update(t.i for t in tok.subtree)
-        out.extend(_split(doc, (t.i for t in chunk if t.i not in dropped), nominal))
-    return out
-
-
-def _in_run(tok: "Token", nominal: Repairs) -> bool:
-    if tok.i in nominal.verbal:
-        return False
-    if tok.pos_ in _RUN_POS or tok.i in nominal:
-        return True
-    return tok.dep_ == "compound" and tok.pos_ not in _NOT_COMPOUND_POS
-
-
-def _run_candidates(doc: "Doc", nominal: Repairs) -> list[list[int]]:
-    out: list[list[int]] = []
-    current: list[int] = []
-    for tok in doc:
-        if _in_run(tok, nominal) or (current and is_glue_hyphen(doc, tok.i)):
-            current.append(tok.i)
-        else:
-            if current:
-                out.append(current)
-            current = []
-    if current:
-        out.append(current)
-    return [part for run in out for part in _split(doc, run, nominal)]
-
-
 def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
     """Keep content tokens and tight hyphens, then trim so the span ends at a noun."""
     kept: list[int] = []
@@ -308,15 +211,15 @@ def _clean(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[int]:
         if is_glue_hyphen(doc, i):
             kept.append(i)
             continue
-        if not _is_wordlike(tok) or tok.like_num or tok.lower_ in QUANTITY_WORDS or a_decade(tok.lower_):
+        if not is_wordlike(tok) or tok.like_num or tok.lower_ in QUANTITY_WORDS or a_decade(tok.lower_):
             continue
         if tok.pos_ in _MODIFIER_POS or tok.i in nominal or (tok.dep_ == "compound"
-                                                             and tok.pos_ not in _NOT_COMPOUND_POS):
+                                                             and tok.pos_ not in NOT_COMPOUND_POS):
             kept.append(i)
     # A hyphen must glue two kept neighbours; drop it otherwise ("two-" after "two" was removed).
     kept_set = set(kept)
     kept = [i for i in kept if doc[i].text not in HYPHENS or (i - 1 in kept_set and i + 1 in kept_set)]
-    while kept and not _is_head(doc[kept[-1]], nominal):
+    while kept and not is_head(doc[kept[-1]], nominal):
         kept.pop()
     while kept and doc[kept[0]].text in HYPHENS:
         kept.pop(0)
@@ -358,7 +261,7 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
         while k > 0 and _a_look_between(doc[indices[k]], words):
             k -= 1
         thing = doc[indices[k]]
-        if not (_is_head(thing, nominal) or (thing.lower_ in words.nouns and not words.is_adjective(thing.lower_))):
+        if not (is_head(thing, nominal) or (thing.lower_ in words.nouns and not words.is_adjective(thing.lower_))):
             break  # "the jungle bright colors": sm calls "jungle" ADJ; the tables know it only as a noun
         indices = indices[:k + 1]
     head_tok = doc[indices[-1]]
@@ -390,7 +293,8 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
         doing = activity(doc, head_tok.i, _lemma)
         text = f"{text} {doing}" if doing else text
         core = text
-    return Entity(text=text, kind=kind, head=head, core=core if core != head else ""), head_tok.i
+    names = name_words((doc[i] for i in indices), words)
+    return Entity(text=text, kind=kind, head=head, core=core if core != head else "", names=names), head_tok.i
 
 
 _LOOK_NOUNS = COLOUR_WORDS | {"neon", "pastel"}
@@ -435,9 +339,9 @@ def _core(doc: "Doc", indices: tuple[int, ...], head: str) -> str:
             words.insert(0, tok.lower_)
             continue
         compound = tok.dep_ in ("compound", "nmod", "amod") or (tok.dep_ == "nsubj" and tok.head.i == indices[-1])
-        if tok.pos_ not in _HEAD_POS or not compound or tok.lower_ in COLOUR_WORDS or (common_head and _a_brand(tok)):
+        if tok.pos_ not in HEAD_POS or not compound or tok.lower_ in COLOUR_WORDS or (common_head and _a_brand(tok)):
             break
-        words.insert(0, tok.lower_)
+        words.insert(0, tok.lower_.rstrip(".") or tok.lower_)  # "Dr. Osei": as the text writes it
     return " ".join(words)
 
 

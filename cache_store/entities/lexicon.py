@@ -261,6 +261,36 @@ def same_kind_of_place(a: str, b: str) -> bool:
     return kind is not None and kind == SCENE_KIND.get(b)
 
 
+@lru_cache(maxsize=4096)
+def adjective_forms(noun: str) -> frozenset[str]:
+    """A place or weather noun and the adjectives made from it: "snow" -> "snowy", "fog" -> "foggy", "ice" -> "icy"."""
+    forms = {noun, f"{noun}y", f"{noun}{noun[-1]}y"}
+    if noun.endswith("e"):
+        forms.add(f"{noun[:-1]}y")
+    return frozenset(forms)
+
+
+def noun_bases(word: str) -> frozenset[str]:
+    """The nouns whose `adjective_forms` include `word` ("snowy" -> "snow", "foggy" -> "fog", "castle" -> itself)."""
+    stems = {word}
+    if word.endswith("y"):
+        stems |= {word[:-1], word[:-2], f"{word[:-1]}e"}
+    return frozenset(s for s in stems if s and word in adjective_forms(s))
+
+
+def words_besides_head(text: str, head: str) -> tuple[str, ...]:
+    """A scene's words of letters other than its head, hyphenated ones split ("snow-covered forest" -> "snow",
+    "covered")."""
+    return tuple(w for w in text.replace("-", " ").split() if w != head and w.isalpha())
+
+
+def scene_words_name(text: str, head: str, other_head: str) -> bool:
+    """Whether a scene's words besides its head name another scene's head, as the noun or its adjective: "snowy
+    forest" / "snow", "castle courtyard" / "castle" are one setting; "snowy forest" / "burning forest" are not."""
+    forms = adjective_forms(other_head)
+    return any(w in forms for w in words_besides_head(text, head))
+
+
 _DECADE = re.compile(r"'?(?:\d|1\d\d|20\d)0s|\d+(?:fps|k|p)")
 _DECADE_WORDS = frozenset({"twenties", "thirties", "forties", "fifties", "sixties", "seventies", "eighties",
                            "nineties"})

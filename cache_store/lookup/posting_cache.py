@@ -28,7 +28,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from ..entities.roles import ROLES, SCENE
-from .ranking import ranked_sim, stored_head
+from .ranking import ranked_sim
 from .rule import HitRule, IdentityFilter, SceneKeys
 
 MAX_POSTINGS = 2_000_000  # held at most (about 50 MB); the least recently used identities go first
@@ -325,12 +325,11 @@ def _ordered(entry: np.ndarray, q: np.ndarray, sim: np.ndarray) -> np.ndarray:
 
 def _scene_passing(db: Any, part: list[int], scenes: SceneKeys) -> list[int]:
     """The entries of `part`, in order, that name no scene or one of `scenes` (`HitRule.scenes_sql`)."""
-    wanted, ids, heads = set(scenes.identities), set(scenes.ids), set(scenes.heads)
     seen: dict[int, bool] = {}
     for entry_id, core, head, eid, text in db.query(
             "SELECT sp.entry_id, se.core, se.head, se.id, se.text FROM postings sp JOIN entities se "
             f"ON se.id = sp.entity_id WHERE sp.role = ? AND sp.entry_id IN ({','.join('?' * len(part))})",
             [SCENE, *part]):
-        agrees = (core, head) in wanted or int(eid) in ids or stored_head(head, text) in heads
+        agrees = scenes.admits(core, head, int(eid), text)
         seen[int(entry_id)] = seen.get(int(entry_id), False) or agrees
     return [e for e in part if seen.get(e, True)]

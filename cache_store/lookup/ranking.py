@@ -134,7 +134,7 @@ def rank(manifest: Any, matched: Matched, fingerprint: str, shape: str, rule: Hi
     if not group or not matched:
         return []
     roles, role_params = rule.roles_sql("p.role")
-    where, where_params = rule.scenes_sql(scenes)
+    where, where_params = rule.scenes_sql(scenes, manifest.INSTR)
     join, scan = manifest.PINNED_JOIN, manifest.POSTINGS_SCAN
     tables: list[str] = []
     parts: list[str] = []
@@ -273,7 +273,7 @@ def agreeing_scenes(entities: EmbeddedEntities, matched: Matched) -> SceneKeys |
         return None
     return SceneKeys(tuple(sorted({(m.core, m.head) for m in matched.identities if m.q in scenes})),
                      tuple(sorted({eid for q, eid, _ in matched.entities if q in scenes})),
-                     SceneKeys.kind_heads(entities.entities))
+                     SceneKeys.kind_heads(entities.entities), SceneKeys.scene_words(entities.entities))
 
 
 def entry_scene(manifest: Any, entry_id: int) -> str:

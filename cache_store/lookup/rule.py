@@ -19,7 +19,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from ..entities.lexicon import kinds_differ, places_of_a_kind, same_kind_of_place
+from ..entities.names import shares_a_name
+from ..entities.lexicon import (adjective_forms, kinds_differ, noun_bases, places_of_a_kind, same_kind_of_place,
+                                scene_words_name, words_besides_head)
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 from ..naming import encodable_text
 from .decision import DecisionModel, default_decision
@@ -67,6 +69,8 @@ class HitRule:
         """
         if query.text == stored.text and query.head == stored.head:
             return True  # the same words name the same thing, whichever parse wrote the stored identity
+        if shares_a_name(query, stored.identity):
+            return True
         closed = closed_compound(query.head, stored.head)
         if "object" in (query.kind, stored.kind) and query.head != stored.head:
             if query.head in _modifiers(stored) or stored.head in _modifiers(query) or closed == MODIFIER:
@@ -85,6 +89,8 @@ class HitRule:
     def identity_filter(self, query: Any, core: str, head: str, similarity: float) -> IdentityFilter | None:
         """`same_thing` for every stored entity of one identity (`core`, `head`) at once: None when it refuses them
         all, else the part that still depends on each one's kind and words (the ranking runs it as `identity_sql`)."""
+        if shares_a_name(query, core or head):
+            return IdentityFilter()
         if query.head != head:
             applies_to_all = query.kind == "object"  # else only stored objects are tested
             closed = closed_compound(query.head, head)
@@ -109,16 +115,20 @@ class HitRule:
 
     def scenes_agree(self, request: Sequence[Any], donor: Sequence[Any], sim: Callable[[Any, Any], float]) -> bool:
         """Whether two prompts' entities leave no scene disagreement: either names no scene, or some pair of their
-        scenes reaches the threshold or names one kind of place (`lexicon.same_kind_of_place`; the lookup applies
-        the same test to the index's neighbours and to the stored scenes' heads)."""
+        scenes reaches the threshold, names one kind of place (`lexicon.same_kind_of_place`) or names one in the
+        other's words (`lexicon.scene_words_name`: "snowy forest" / "snow"). The lookup applies the same tests to
+        the index's neighbours, to the stored scenes' heads and to their words (`SceneKeys`)."""
         here = [e for e in request if e.role == SCENE]
         there = [e for e in donor if e.role == SCENE]
         return (not self.scenes_must_agree or not here or not there
-                or any(same_kind_of_place(q.head, d.head) or sim(q, d) >= self.threshold for q in here for d in there))
+                or any(same_kind_of_place(q.head, d.head) or scene_words_name(q.text, q.head, d.head)
+                       or scene_words_name(d.text, d.head, q.head) or sim(q, d) >= self.threshold
+                       for q in here for d in there))
 
-    def scenes_sql(self, scenes: SceneKeys | None) -> tuple[str, list[Any]]:
+    def scenes_sql(self, scenes: SceneKeys | None, instr: str = "instr") -> tuple[str, list[Any]]:
         """The SQL twin of `scenes_agree`, for the ranking's `best` rows: a WHERE clause (and its parameters)
-        keeping entries that name no scene or one of `scenes`, the stored scenes the request's scenes match.
+        keeping entries that name no scene or one of `scenes`, the stored scenes the request's scenes match
+        (`instr`: the backend's substring position function).
         `scenes` None (the request names no scene, or the rule lets scenes differ): no clause."""
         if scenes is None or not self.scenes_must_agree:
             return "", []
@@ -128,6 +138,10 @@ class HitRule:
         terms = ["(se.core = ? AND se.head = ?)"] * len(scenes.identities)
         if scenes.ids:
             terms.append(f"se.id IN ({','.join('?' * len(scenes.ids))})")
+        if scenes.words:
+            # a request scene's head, or its adjective, among a stored scene's other words ("snow" / "snowy forest")
+            terms.extend([f"({instr}(' ' || replace(se.text, '-', ' ') || ' ', ?) > 0 AND se.head <> ? "
+                          "AND NOT (se.head = '' AND (se.text = ? OR se.text LIKE ?)))"] * len(scenes.words))
         v1_heads: list[str] = []
         if scenes.heads:
             terms.append(f"se.head IN ({','.join('?' * len(scenes.heads))})")
@@ -136,8 +150,8 @@ class HitRule:
             v1_heads = [x for h in scenes.heads for x in (h, f"% {h}")]
         return (clause + " OR EXISTS (SELECT 1 FROM postings sp JOIN entities se ON se.id = sp.entity_id "
                 f"WHERE sp.entry_id = best.entry_id AND sp.role = ? AND ({' OR '.join(terms)}))) ",
-                [SCENE, SCENE, *(x for pair in scenes.identities for x in pair), *scenes.ids, *scenes.heads,
-                 *v1_heads])
+                [SCENE, SCENE, *(x for pair in scenes.identities for x in pair), *scenes.ids,
+                 *(x for w in scenes.words for x in (f" {w} ", w, w, f"% {w}")), *scenes.heads, *v1_heads])
 
     def roles_sql(self, column: str) -> tuple[str, list[Any]]:
         """The SQL twin of `carries`' role test: `column` holds one of the rule's roles."""
@@ -160,14 +174,32 @@ class SceneKeys:
     identities: tuple[tuple[str, str], ...] = ()
     ids: tuple[int, ...] = ()
     heads: tuple[str, ...] = ()
+    words: tuple[str, ...] = ()  # a stored scene naming one of these among its other words agrees
 
     def __bool__(self) -> bool:
-        return bool(self.identities or self.ids or self.heads)
+        return bool(self.identities or self.ids or self.heads or self.words)
 
     @staticmethod
     def kind_heads(request: Sequence[Any]) -> tuple[str, ...]:
-        """The scene heads that agree with the request's scenes by their kind of place."""
-        return tuple(sorted({h for e in request if e.role == SCENE for h in places_of_a_kind(e.head)}))
+        """The scene heads that agree with the request's scenes by their kind of place or by the request scenes'
+        other words ("snow" for "snowy forest": `lexicon.scene_words_name`)."""
+        scenes = [e for e in request if e.role == SCENE]
+        return tuple(sorted({h for e in scenes for h in places_of_a_kind(e.head)}
+                            | {h for e in scenes for w in words_besides_head(e.text, e.head) for h in noun_bases(w)}))
+
+    @staticmethod
+    def scene_words(request: Sequence[Any]) -> tuple[str, ...]:
+        """The request scenes' heads and their adjectives: a stored scene naming one besides its own head agrees
+        ("snow" / "snowy forest"). Letters only: a hyphenated head is never one of the words compared, and no LIKE
+        wildcard reaches the SQL."""
+        return tuple(sorted({f for e in request if e.role == SCENE for f in adjective_forms(e.head) if f.isalpha()}))
+
+    def admits(self, core: str, head: str, entity_id: int, text: str) -> bool:
+        """Whether a stored scene row is one the request's scenes match (`HitRule.scenes_sql` in Python)."""
+        if (core, head) in self.identities or entity_id in self.ids:
+            return True
+        head = head or text.rsplit(" ", 1)[-1]  # a row of format v1 names no head: its text's last word is one
+        return head in self.heads or any(w in self.words for w in words_besides_head(text, head))
 
 
 @dataclass(frozen=True)
