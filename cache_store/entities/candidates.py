@@ -49,6 +49,8 @@ def _split(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[list[in
     parts: list[list[int]] = [[]]
     indices = list(indices)
     members = set(indices)
+    # a run-on without an article: "a framed beach sunset painting" is one picture, "cabin snow fireplace" is not
+    run_on = not any(doc[j].pos_ == "DET" for j in indices)
     seen, drop = -1, False  # a "mid-" moment is dropped unless only adjectives precede it in its part: then sm
     for i in indices:  # has misread the noun ("a skateboarder frozen mid-kickflip") and the moment stays its head
         tok = doc[i]
@@ -60,7 +62,7 @@ def _split(doc: "Doc", indices: Iterable[int], nominal: Repairs) -> list[list[in
             parts.append([])
         elif _time_after_place(doc, i, parts[-1]):
             parts.append([i])
-        elif i + 1 in members and _condition_between_nouns(doc, i, parts[-1]):
+        elif run_on and i + 1 in members and _condition_between_nouns(doc, i, parts[-1]):
             parts.extend(([i], []))
         else:
             parts[-1].append(i)
@@ -96,8 +98,10 @@ def _mid_state_end(doc: "Doc", i: int) -> int:
 
 
 def _condition_between_nouns(doc: "Doc", i: int, part: list[int]) -> bool:
-    """Whether token i is a time, season or weather noun between two nouns of a casual run-on, where it names
-    neither ("cozy cabin snow fireplace", "vintage car rain neon night", "lighthouse storm waves")."""
+    """Whether token i is a time, season or weather noun between two nouns of a casual run-on (a candidate with no
+    article), where it names neither ("cozy cabin snow fireplace", "vintage car rain neon night", "lighthouse storm
+    waves"); after an adjective or another condition it stays compounded ("soft morning fog", "bustling night
+    market")."""
     if not part or part[-1] != i - 1 or i + 1 >= len(doc) or doc[i].lemma_.lower() not in _TIME_AFTER_PLACE:
         return False
     prev, nxt = doc[i - 1], doc[i + 1]
