@@ -25,6 +25,10 @@ CASES = [
     (pair("other name", "Shot 2: close-up of the Belmonte's chrome grille and round headlights, raindrops on the "
           "paint", AURELIA), False),
     (pair("other scene", "fox in a burning forest", "fox sleeping in the snow so cute"), False),
+    # ... a likeness of the named thing, and a place named only as a modifier
+    (pair("likeness", "Aurelia GT parked on a cliff at sunset",
+          "an Aurelia GT keychain dangling from a backpack zipper, macro shot"), False),
+    (pair("modifier place", "a sailor rowing through a dark sea cave", "a sailor adrift at sea"), False),
 ]
 
 

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from .lexicon import CONDITION_HEADS, ING_NOUNS, SCENE_HEADS
+from .lexicon import CONDITION_COMPOUNDS, CONDITION_HEADS, ING_NOUNS, SCENE_HEADS
 from .repair import Repairs, is_glue_hyphen
 
 if TYPE_CHECKING:
@@ -106,7 +106,8 @@ def _condition_between_nouns(doc: "Doc", i: int, part: list[int]) -> bool:
         return False
     prev, nxt = doc[i - 1], doc[i + 1]
     return (prev.pos_ in ("NOUN", "PROPN") and prev.lemma_.lower() not in CONDITION_HEADS
-            and nxt.pos_ in ("NOUN", "PROPN"))
+            and nxt.pos_ in ("NOUN", "PROPN")
+            and f"{doc[i].lemma_.lower()} {nxt.lemma_.lower()}" not in CONDITION_COMPOUNDS)
 
 
 def chunk_candidates(doc: "Doc", nominal: Repairs) -> list[list[int]]:

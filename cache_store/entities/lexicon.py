@@ -119,6 +119,18 @@ CONDITION_HEADS = frozenset({
     "snow", "fog", "mist", "haze", "wind", "breeze", "sunlight", "sunshine", "moonlight", "daylight",
     "starlight", "lightning", "hour",
 })
+# A time, season or weather word with the noun after it naming one thing ("snow leopard", "night club", "rain
+# boots"): a casual run-on is not split between them (`candidates._condition_between_nouns`).
+CONDITION_COMPOUNDS = frozenset({
+    "snow leopard", "snow fox", "snow owl", "snow goose", "snow monkey", "snow globe", "snow cone", "snow angel",
+    "snow boot", "snow plow", "snow blower", "snow shovel", "snow tire", "snow day", "night club", "night market",
+    "night sky", "night light", "night lamp", "night owl", "night train", "night shift", "night watch",
+    "night vision", "night gown", "rain boot", "rain coat", "rain jacket", "rain hat", "rain forest", "rain cloud",
+    "rain drop", "rain gauge", "rain barrel", "storm drain", "storm cloud", "storm chaser", "storm trooper",
+    "storm door", "fog horn", "fog machine", "fog light", "winter coat", "winter jacket", "winter hat",
+    "winter boot", "summer dress", "summer camp", "summer house", "morning glory", "morning coat",
+    "evening gown", "evening dress", "sunset boulevard", "lightning bolt", "lightning bug", "mist net",
+})
 # Parts of a body or a thing: "the face of an old fisherman", "the tiger's eye" are shots of the owner, who is
 # the main subject (the part alone matches every close-up of another owner's part).
 PART_NOUNS = frozenset({
@@ -284,9 +296,17 @@ def words_besides_head(text: str, head: str) -> tuple[str, ...]:
     return tuple(w for w in text.replace("-", " ").split() if w != head and w.isalpha())
 
 
+# What covers a place and sets its look: a scene of one ("snow") and a place it covers ("snowy forest") agree.
+COVER_WORDS = frozenset({"snow", "ice", "frost", "fog", "mist", "haze", "sand", "mud", "dust", "rain"})
+
+
 def scene_words_name(text: str, head: str, other_head: str) -> bool:
-    """Whether a scene's words besides its head name another scene's head, as the noun or its adjective: "snowy
-    forest" / "snow", "castle courtyard" / "castle" are one setting; "snowy forest" / "burning forest" are not."""
+    """Whether a scene's words besides its head name another scene's head, a cover (`COVER_WORDS`), as the noun or
+    its adjective: "snowy forest" / "snow", "snow-covered forest" / "fresh snow" and "icy lake" / "ice" are one
+    setting; "snowy forest" / "burning forest", and a place named as a modifier ("sea cave" / "sea", "castle gift
+    shop" / "castle"), are not."""
+    if other_head not in COVER_WORDS:
+        return False
     forms = adjective_forms(other_head)
     return any(w in forms for w in words_besides_head(text, head))
 

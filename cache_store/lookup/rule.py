@@ -20,8 +20,8 @@ from functools import lru_cache
 from typing import Any
 
 from ..entities.names import shares_a_name
-from ..entities.lexicon import (adjective_forms, kinds_differ, noun_bases, places_of_a_kind, same_kind_of_place,
-                                scene_words_name, words_besides_head)
+from ..entities.lexicon import (COVER_WORDS, adjective_forms, kinds_differ, noun_bases, places_of_a_kind,
+                                same_kind_of_place, scene_words_name, words_besides_head)
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 from ..naming import encodable_text
 from .decision import DecisionModel, default_decision
@@ -182,17 +182,19 @@ class SceneKeys:
     @staticmethod
     def kind_heads(request: Sequence[Any]) -> tuple[str, ...]:
         """The scene heads that agree with the request's scenes by their kind of place or by the request scenes'
-        other words ("snow" for "snowy forest": `lexicon.scene_words_name`)."""
+        other words naming a cover ("snow" for "snowy forest": `lexicon.scene_words_name`)."""
         scenes = [e for e in request if e.role == SCENE]
         return tuple(sorted({h for e in scenes for h in places_of_a_kind(e.head)}
-                            | {h for e in scenes for w in words_besides_head(e.text, e.head) for h in noun_bases(w)}))
+                            | {h for e in scenes for w in words_besides_head(e.text, e.head)
+                               for h in noun_bases(w) & COVER_WORDS}))
 
     @staticmethod
     def scene_words(request: Sequence[Any]) -> tuple[str, ...]:
-        """The request scenes' heads and their adjectives: a stored scene naming one besides its own head agrees
-        ("snow" / "snowy forest"). Letters only: a hyphenated head is never one of the words compared, and no LIKE
+        """The request scenes' heads that are covers (`lexicon.COVER_WORDS`) and their adjectives: a stored scene
+        naming one besides its own head agrees ("snow" / "snowy forest"). Letters only: a hyphenated head is never one of the words compared, and no LIKE
         wildcard reaches the SQL."""
-        return tuple(sorted({f for e in request if e.role == SCENE for f in adjective_forms(e.head) if f.isalpha()}))
+        return tuple(sorted({f for e in request if e.role == SCENE and e.head in COVER_WORDS
+                             for f in adjective_forms(e.head) if f.isalpha()}))
 
     def admits(self, core: str, head: str, entity_id: int, text: str) -> bool:
         """Whether a stored scene row is one the request's scenes match (`HitRule.scenes_sql` in Python)."""
