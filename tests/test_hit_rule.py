@@ -16,9 +16,10 @@ from comfyui_chai.cache_store.lookup.rule import HitRule, IdentityFilter, closed
 from comfyui_chai.cache_store.types import EmbeddedEntities
 
 DIM = 6
-PLACES = ("beach", "forest", "street", "desert", "harbour", "jungle", "snow")  # forest, jungle: one kind of place
-# Words before a scene's head: none, another place, or a place's adjective ("snowy forest", "beach street").
-MODIFIERS = ("", "", "", "snowy", "snow-covered", "beach", "sandy", "jungle")
+PLACES = ("beach", "forest", "street", "desert", "harbour", "jungle", "snow", "ice")  # forest, jungle: one kind
+# Words before a scene's head: none, another place, a cover's adjective or compound ("snowy forest", "snow-covered
+# street"), or a cover's noun in another compound ("ice cream", "snow-white": no cover).
+MODIFIERS = ("", "", "", "snowy", "snow-covered", "beach", "icy", "jungle", "ice cream", "snow-white")
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -265,22 +266,22 @@ def test_words_no_stored_text_can_hold_ban_and_keep_nothing_in_sql():
     assert not only.admits("object", "robotic\ufffddog") and only.admits("scene", "a\ufffdb")
 
 
-def test_a_scene_names_another_by_its_noun_or_adjective_among_its_other_words():
-    from comfyui_chai.cache_store.entities.lexicon import adjective_forms, noun_bases, scene_words_name
+def test_a_scene_covered_by_what_the_other_scene_is_agrees_with_it():
+    from comfyui_chai.cache_store.entities.lexicon import covers_named, scene_words_name
 
     assert scene_words_name("snowy forest", "forest", "snow") and scene_words_name("snow-covered forest", "forest",
                                                                                     "snow")
     assert scene_words_name("foggy harbour", "harbour", "fog") and scene_words_name("icy road", "road", "ice")
+    assert scene_words_name("hazy valley", "valley", "haze") and scene_words_name("muddy track", "track", "mud")
     assert not scene_words_name("burning forest", "forest", "snow")
-    assert not scene_words_name("snowy forest", "forest", "forest")  # its own head is no other word of it
-    # only what covers a place sets its look: a place named as a modifier is another place
+    assert covers_named("snowy forest", "forest") == {"snow"} and not covers_named("snow", "snow")
+    # only what covers a place sets its look: a place named as a modifier is another place, and a cover's noun in
+    # another compound covers nothing
     for text, head, other in (("sea cave", "cave", "sea"), ("castle gift shop", "shop", "castle"),
-                              ("space shuttle cockpit", "cockpit", "space"), ("busy street", "street", "bus")):
+                              ("space shuttle cockpit", "cockpit", "space"), ("busy street", "street", "bus"),
+                              ("ice cream shop", "shop", "ice"), ("mud hut village", "village", "mud"),
+                              ("snow-white castle", "castle", "snow"), ("sand-colored room", "room", "sand")):
         assert not scene_words_name(text, head, other), (text, other)
-    # the SQL side reads the same relation from the other end
-    for word in ("snowy", "foggy", "icy", "sunny", "castle"):
-        assert all(word in adjective_forms(base) for base in noun_bases(word)) and noun_bases(word)
-    assert "ice" in noun_bases("icy") and "fog" in noun_bases("foggy") and "sun" in noun_bases("sunny")
 
 
 def test_a_shared_name_ties_two_identities_made_only_of_names():

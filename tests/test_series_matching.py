@@ -29,6 +29,7 @@ CASES = [
     (pair("likeness", "Aurelia GT parked on a cliff at sunset",
           "an Aurelia GT keychain dangling from a backpack zipper, macro shot"), False),
     (pair("modifier place", "a sailor rowing through a dark sea cave", "a sailor adrift at sea"), False),
+    (pair("cover in a compound", "penguin in an ice cream shop", "penguin sliding on the ice"), False),
 ]
 
 

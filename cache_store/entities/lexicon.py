@@ -130,6 +130,8 @@ CONDITION_COMPOUNDS = frozenset({
     "storm door", "fog horn", "fog machine", "fog light", "winter coat", "winter jacket", "winter hat",
     "winter boot", "summer dress", "summer camp", "summer house", "morning glory", "morning coat",
     "evening gown", "evening dress", "sunset boulevard", "lightning bolt", "lightning bug", "mist net",
+    "snow suit", "snow crab", "snow pea", "snow fort", "snow sculpture", "winter market", "winter palace",
+    "night heron", "night cream", "rain shower", "fog bank", "weather station", "midnight sun",
 })
 # Parts of a body or a thing: "the face of an old fisherman", "the tiger's eye" are shots of the owner, who is
 # the main subject (the part alone matches every close-up of another owner's part).
@@ -273,42 +275,34 @@ def same_kind_of_place(a: str, b: str) -> bool:
     return kind is not None and kind == SCENE_KIND.get(b)
 
 
-@lru_cache(maxsize=4096)
-def adjective_forms(noun: str) -> frozenset[str]:
-    """A place or weather noun and the adjectives made from it: "snow" -> "snowy", "fog" -> "foggy", "ice" -> "icy"."""
-    forms = {noun, f"{noun}y", f"{noun}{noun[-1]}y"}
-    if noun.endswith("e"):
-        forms.add(f"{noun[:-1]}y")
-    return frozenset(forms)
-
-
-def noun_bases(word: str) -> frozenset[str]:
-    """The nouns whose `adjective_forms` include `word` ("snowy" -> "snow", "foggy" -> "fog", "castle" -> itself)."""
-    stems = {word}
-    if word.endswith("y"):
-        stems |= {word[:-1], word[:-2], f"{word[:-1]}e"}
-    return frozenset(s for s in stems if s and word in adjective_forms(s))
-
-
-def words_besides_head(text: str, head: str) -> tuple[str, ...]:
-    """A scene's words of letters other than its head, hyphenated ones split ("snow-covered forest" -> "snow",
-    "covered")."""
-    return tuple(w for w in text.replace("-", " ").split() if w != head and w.isalpha())
-
-
 # What covers a place and sets its look: a scene of one ("snow") and a place it covers ("snowy forest") agree.
 COVER_WORDS = frozenset({"snow", "ice", "frost", "fog", "mist", "haze", "sand", "mud", "dust", "rain"})
+# A cover's noun says a place is covered only before one of these ("snow-covered"; not "snow globe", "snow-white").
+_COVERING = ("covered", "capped", "dusted", "laden", "soaked", "shrouded", "filled", "swept", "blanketed", "clad",
+             "crusted", "packed", "drenched", "frosted", "strewn", "choked", "bound")
+
+
+@lru_cache(maxsize=64)
+def cover_forms(cover: str) -> frozenset[str]:
+    """The words that say a place is covered by `cover`: its adjectives ("snowy", "foggy", "icy", "hazy") and its
+    compounds with a covering participle ("snow-covered", "fog-shrouded")."""
+    forms = {f"{cover}y", f"{cover}{cover[-1]}y"} | ({f"{cover[:-1]}y"} if cover.endswith("e") else set())
+    return frozenset(forms | {f"{cover}-{c}" for c in _COVERING})
+
+
+def covers_named(text: str, head: str) -> frozenset[str]:
+    """The covers a scene's words besides its head give it ("snowy forest" -> snow, "fog-shrouded harbour" -> fog;
+    "ice cream shop", "mud hut village", "snow-white castle" -> none)."""
+    words = [w for w in text.split() if w != head]
+    return frozenset(c for c in COVER_WORDS if any(w in cover_forms(c) for w in words))
 
 
 def scene_words_name(text: str, head: str, other_head: str) -> bool:
-    """Whether a scene's words besides its head name another scene's head, a cover (`COVER_WORDS`), as the noun or
-    its adjective: "snowy forest" / "snow", "snow-covered forest" / "fresh snow" and "icy lake" / "ice" are one
-    setting; "snowy forest" / "burning forest", and a place named as a modifier ("sea cave" / "sea", "castle gift
-    shop" / "castle"), are not."""
-    if other_head not in COVER_WORDS:
-        return False
-    forms = adjective_forms(other_head)
-    return any(w in forms for w in words_besides_head(text, head))
+    """Whether a scene's words say it is covered by what the other scene is (`covers_named`): "snowy forest" /
+    "snow", "snow-covered forest" / "fresh snow", "icy lake" / "ice" are one setting; "snowy forest" / "burning
+    forest", a place named as a modifier ("sea cave" / "sea") and a cover's noun in another compound ("ice cream
+    shop" / "ice") are not."""
+    return other_head in covers_named(text, head)
 
 
 _DECADE = re.compile(r"'?(?:\d|1\d\d|20\d)0s|\d+(?:fps|k|p)")

@@ -20,8 +20,8 @@ from functools import lru_cache
 from typing import Any
 
 from ..entities.names import shares_a_name
-from ..entities.lexicon import (COVER_WORDS, adjective_forms, kinds_differ, noun_bases, places_of_a_kind,
-                                same_kind_of_place, scene_words_name, words_besides_head)
+from ..entities.lexicon import (COVER_WORDS, cover_forms, covers_named, kinds_differ, places_of_a_kind,
+                                same_kind_of_place, scene_words_name)
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 from ..naming import encodable_text
 from .decision import DecisionModel, default_decision
@@ -139,8 +139,8 @@ class HitRule:
         if scenes.ids:
             terms.append(f"se.id IN ({','.join('?' * len(scenes.ids))})")
         if scenes.words:
-            # a request scene's head, or its adjective, among a stored scene's other words ("snow" / "snowy forest")
-            terms.extend([f"({instr}(' ' || replace(se.text, '-', ' ') || ' ', ?) > 0 AND se.head <> ? "
+            # a word saying a stored scene is covered by a request scene's head ("snow" / "snowy forest"), not its head
+            terms.extend([f"({instr}(' ' || se.text || ' ', ?) > 0 AND se.head <> ? "
                           "AND NOT (se.head = '' AND (se.text = ? OR se.text LIKE ?)))"] * len(scenes.words))
         v1_heads: list[str] = []
         if scenes.heads:
@@ -182,26 +182,25 @@ class SceneKeys:
     @staticmethod
     def kind_heads(request: Sequence[Any]) -> tuple[str, ...]:
         """The scene heads that agree with the request's scenes by their kind of place or by the request scenes'
-        other words naming a cover ("snow" for "snowy forest": `lexicon.scene_words_name`)."""
+        words saying they are covered ("snow" for "snowy forest": `lexicon.covers_named`)."""
         scenes = [e for e in request if e.role == SCENE]
         return tuple(sorted({h for e in scenes for h in places_of_a_kind(e.head)}
-                            | {h for e in scenes for w in words_besides_head(e.text, e.head)
-                               for h in noun_bases(w) & COVER_WORDS}))
+                            | {c for e in scenes for c in covers_named(e.text, e.head)}))
 
     @staticmethod
     def scene_words(request: Sequence[Any]) -> tuple[str, ...]:
-        """The request scenes' heads that are covers (`lexicon.COVER_WORDS`) and their adjectives: a stored scene
-        naming one besides its own head agrees ("snow" / "snowy forest"). Letters only: a hyphenated head is never one of the words compared, and no LIKE
-        wildcard reaches the SQL."""
+        """The words saying a place is covered by a request scene's head, where that head is a cover ("snowy",
+        "snow-covered" for "snow": `lexicon.cover_forms`); a stored scene holding one besides its head agrees. Their
+        letters and hyphens hold no LIKE wildcard."""
         return tuple(sorted({f for e in request if e.role == SCENE and e.head in COVER_WORDS
-                             for f in adjective_forms(e.head) if f.isalpha()}))
+                             for f in cover_forms(e.head)}))
 
     def admits(self, core: str, head: str, entity_id: int, text: str) -> bool:
         """Whether a stored scene row is one the request's scenes match (`HitRule.scenes_sql` in Python)."""
         if (core, head) in self.identities or entity_id in self.ids:
             return True
         head = head or text.rsplit(" ", 1)[-1]  # a row of format v1 names no head: its text's last word is one
-        return head in self.heads or any(w in self.words for w in words_besides_head(text, head))
+        return head in self.heads or any(w in self.words for w in text.split() if w != head)
 
 
 @dataclass(frozen=True)
