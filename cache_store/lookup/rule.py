@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from ..entities.names import shares_a_name
 from ..entities.lexicon import (COVER_WORDS, cover_forms, covers_named, kinds_differ, places_of_a_kind,
                                 same_kind_of_place, scene_words_name)
+from ..entities.names import shares_a_name
 from ..entities.roles import BORROWABLE, GENERIC_PEOPLE, MAIN, ROLES, SCENE
 from ..naming import encodable_text
 from .decision import DecisionModel, default_decision
@@ -70,7 +70,7 @@ class HitRule:
         if query.text == stored.text and query.head == stored.head:
             return True  # the same words name the same thing, whichever parse wrote the stored identity
         if shares_a_name(query, stored.identity):
-            return True
+            return True  # one named character, product or vehicle ("the Aurelia" / "Aurelia GT")
         closed = closed_compound(query.head, stored.head)
         if "object" in (query.kind, stored.kind) and query.head != stored.head:
             if query.head in _modifiers(stored) or stored.head in _modifiers(query) or closed == MODIFIER:
@@ -115,8 +115,8 @@ class HitRule:
 
     def scenes_agree(self, request: Sequence[Any], donor: Sequence[Any], sim: Callable[[Any, Any], float]) -> bool:
         """Whether two prompts' entities leave no scene disagreement: either names no scene, or some pair of their
-        scenes reaches the threshold, names one kind of place (`lexicon.same_kind_of_place`) or names one in the
-        other's words (`lexicon.scene_words_name`: "snowy forest" / "snow"). The lookup applies the same tests to
+        scenes reaches the threshold, names one kind of place (`lexicon.same_kind_of_place`) or is covered by what
+        the other is (`lexicon.scene_words_name`: "snowy forest" / "snow"). The lookup applies the same tests to
         the index's neighbours, to the stored scenes' heads and to their words (`SceneKeys`)."""
         here = [e for e in request if e.role == SCENE]
         there = [e for e in donor if e.role == SCENE]
