@@ -821,3 +821,9 @@ def test_names_are_the_capitalised_words_no_table_knows(extractor):
     assert names("Aurelia GT speeding through a tunnel") == {"aurelia"}  # nor an acronym
     assert names("Miso stretches on a windowsill, the orange tabby yawns") == set()  # miso is a word too
     assert names("aurelia gt speeding through a tunnel") == set()  # written in lower case: no name
+
+
+def test_a_verb_the_repairs_read_as_a_noun_is_no_persons_activity(extractor):
+    # sm makes "reflections" the girl's verb (VBZ); the repairs read it as a plural, so her activity is her walking
+    got = roles(extractor, "girl walking in the rain neon lights reflections super aesthetic")
+    assert got.get("girl walking in light") == "main" and "girl reflection" not in got

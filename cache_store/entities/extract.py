@@ -290,7 +290,7 @@ def _make_entity(doc: "Doc", indices: tuple[int, ...], nominal: Repairs, strip_h
     kind = _kind(text, head, doc, indices, head_tok)
     core = _core(doc, indices, head)
     if head in GENERIC_PEOPLE and not _names_a_role(doc, indices[:-1], words):
-        doing = activity(doc, head_tok.i, _lemma)
+        doing = activity(doc, head_tok.i, _lemma, nominal)
         text = f"{text} {doing}" if doing else text
         core = text
     names = name_words((doc[i] for i in indices), words)

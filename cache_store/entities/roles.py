@@ -17,7 +17,7 @@ and two generic people match only when they do similar things.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import TYPE_CHECKING
 
 from .lexicon import PART_NOUNS, PERSON_ROLES, names_one_of
@@ -177,12 +177,14 @@ def _clause_between(doc: "Doc", head: int, tok: int) -> bool:
     return any(doc[k].pos_ == "VERB" for k in range(min(head, tok) + 1, max(head, tok)))
 
 
-def activity(doc: "Doc", head_index: int, lemma: Callable[["Token"], str] = lambda t: t.lemma_.lower()) -> str:
+def activity(doc: "Doc", head_index: int, lemma: Callable[["Token"], str] = lambda t: t.lemma_.lower(),
+             nominal: Container[int] = ()) -> str:
     """What a person token is doing, as "verb [preposition] [object]" ("playing guitar", "running on
-    treadmill"), or '' when nothing says; `lemma` normalises the object noun as entity heads are."""
+    treadmill"), or '' when nothing says; `lemma` normalises the object noun as entity heads are. A verb the
+    repairs read as a noun (`nominal`: "girl walking in the rain neon lights reflections") is none."""
     tok = doc[head_index]
     verb: "Token | None" = None
-    if tok.dep_ in _SUBJECT_DEPS and tok.head.pos_ in ("VERB", "AUX"):
+    if tok.dep_ in _SUBJECT_DEPS and tok.head.pos_ in ("VERB", "AUX") and tok.head.i not in nominal:
         verb = tok.head
     else:
         # A clause on the person: a participle ("a girl singing") or a relative clause; sm also hangs a list's
