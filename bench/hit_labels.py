@@ -181,13 +181,8 @@ def label_index(data: Path = DATA) -> dict[tuple[str, str], int]:
 def score_through_store(pairs: Iterable[Pair], threshold: float | None = None) -> Scores:
     """Precision and recall of the pack itself: each pair looked up in a fresh ChaiCache holding only its donor."""
     pairs = list(pairs)
-    decided = decide_through_store(pairs, threshold)
-    return score(pairs, lambda p: decided[p.id])
-
-
-def decide_through_store(pairs: Iterable[Pair], threshold: float | None = None) -> dict[str, bool]:
-    """Pair id -> whether the pack hits: the pair's request looked up in a fresh ChaiCache holding only its donor."""
-    return {pid: hit for pid, (hit, _) in look_up_through_store(pairs, threshold).items()}
+    looked = look_up_through_store(pairs, threshold)
+    return score(pairs, lambda p: looked[p.id][0])
 
 
 # Why the pack missed a pair: another language on either side, else its lookup's reason (`lookup.flow`).

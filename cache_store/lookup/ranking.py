@@ -10,7 +10,7 @@ from ..entities.roles import SCENE
 from ..types import EmbeddedEntities, Match, shape_key
 from . import mention_order, prompt_vector
 from .decision import features, side_of
-from .rule import HitRule, IdentityFilter, SceneKeys, matched_role
+from .rule import HitRule, IdentityFilter, SceneKeys, matched_role, stored_head
 
 NEIGHBOURS = 16          # stored entities considered per query entity (postings make popularity free)
 CANDIDATES = 8           # entries tried in order when the best one turns out unreadable
@@ -47,11 +47,6 @@ def entity_rows(manifest: Any, columns: str, ids: Sequence[int]) -> list[tuple]:
         part = ids[start:start + 500]
         rows += manifest.query(f"SELECT id, {columns} FROM entities WHERE id IN ({','.join('?' * len(part))})", part)
     return rows
-
-
-def stored_head(head: str, text: str) -> str:
-    """A stored entity's head: a row of format v1 names none, and its text's last word is one."""
-    return head or text.rsplit(" ", 1)[-1]
 
 
 def stored_entities(manifest: Any, ids: Sequence[int]) -> dict[int, StoredEntity]:

@@ -199,7 +199,7 @@ class SceneKeys:
         """Whether a stored scene row is one the request's scenes match (`HitRule.scenes_sql` in Python)."""
         if (core, head) in self.identities or entity_id in self.ids:
             return True
-        head = head or text.rsplit(" ", 1)[-1]  # a row of format v1 names no head: its text's last word is one
+        head = stored_head(head, text)
         return head in self.heads or any(w in self.words for w in text.split() if w != head)
 
 
@@ -262,10 +262,15 @@ def _words_besides(text: str, head: str) -> frozenset[str]:
     return frozenset(w for w in text.split() if w != head)
 
 
+def stored_head(head: str, text: str) -> str:
+    """A stored entity's head: a row of format v1 names none, and its text's last word is one."""
+    return head or text.rsplit(" ", 1)[-1]
+
+
 def matched_role(query_role: str, stored_role: str) -> str:
     """How a hit-carrying match is reported: 'main subject' or 'scene' (the request's side decides)."""
     return {MAIN: "main subject", SCENE: "scene"}.get(query_role, query_role)
 
 
 __all__ = ["COMPOUND", "HitRule", "IdentityFilter", "MODIFIER", "SceneKeys", "closed_compound", "kinds_differ",
-           "matched_role"]
+           "matched_role", "stored_head"]
